@@ -1,0 +1,54 @@
+// heapstate: a heap StateStoreProvider for Spark Structured Streaming.
+//
+// Spark 4.3.0 is `Provided`. Maven Central does not carry Spark 4.3.0's jars, but the pyspark 4.3.0
+// package on PyPI ships exactly those jars, so the build compiles against the jars of the
+// `.venv-spark43` venv that bin/setup creates (override with SPARK_JARS_DIR).
+import java.io.File
+
+ThisBuild / scalaVersion := "2.13.18"
+ThisBuild / organization := "io.heapstate"
+ThisBuild / version := "0.1.0"
+
+lazy val sparkJarsDir = settingKey[File]("Directory holding the Spark 4.3.0 jars (Provided)")
+
+lazy val root = (project in file("."))
+  .settings(
+    name := "heapstate",
+    sparkJarsDir := {
+      sys.env.get("SPARK_JARS_DIR").map(file).getOrElse {
+        val lib = baseDirectory.value / ".venv-spark43" / "lib"
+        val found = Option(lib.listFiles).toSeq.flatten.map(_ / "site-packages" / "pyspark" / "jars").find(_.isDirectory)
+        found.getOrElse(sys.error(s"Spark 4.3.0 jars not found under $lib; run bin/setup first"))
+      }
+    },
+    Compile / scalaSource := baseDirectory.value / "scala" / "src" / "main" / "scala",
+    Compile / javaSource := baseDirectory.value / "scala" / "src" / "main" / "java",
+    Compile / resourceDirectory := baseDirectory.value / "scala" / "src" / "main" / "resources",
+    Test / scalaSource := baseDirectory.value / "tests" / "scala",
+    Test / resourceDirectory := baseDirectory.value / "tests" / "scala-resources",
+    Compile / unmanagedJars ++= (sparkJarsDir.value ** "*.jar").classpath,
+    libraryDependencies += "org.scalatest" %% "scalatest" % "3.2.19" % Test,
+    javacOptions ++= Seq("--release", "17"),
+    scalacOptions ++= Seq("-release", "17", "-deprecation", "-feature", "-unchecked"),
+    Compile / packageBin / artifactPath := target.value / "heapstate.jar",
+    Test / fork := true,
+    Test / parallelExecution := false,
+    Test / javaOptions ++= Seq(
+      "-Xmx3g",
+      "--add-opens=java.base/java.lang=ALL-UNNAMED",
+      "--add-opens=java.base/java.lang.invoke=ALL-UNNAMED",
+      "--add-opens=java.base/java.lang.reflect=ALL-UNNAMED",
+      "--add-opens=java.base/java.io=ALL-UNNAMED",
+      "--add-opens=java.base/java.net=ALL-UNNAMED",
+      "--add-opens=java.base/java.nio=ALL-UNNAMED",
+      "--add-opens=java.base/java.util=ALL-UNNAMED",
+      "--add-opens=java.base/java.util.concurrent=ALL-UNNAMED",
+      "--add-opens=java.base/java.util.concurrent.atomic=ALL-UNNAMED",
+      "--add-opens=java.base/sun.nio.ch=ALL-UNNAMED",
+      "--add-opens=java.base/sun.nio.cs=ALL-UNNAMED",
+      "--add-opens=java.base/sun.security.action=ALL-UNNAMED",
+      "--add-opens=java.base/sun.util.calendar=ALL-UNNAMED",
+      "-Djdk.reflect.useDirectMethodHandle=false"
+    ),
+    Test / testOptions += Tests.Argument(TestFrameworks.ScalaTest, "-oD")
+  )

@@ -28,6 +28,7 @@ lazy val root = (project in file("."))
     Test / resourceDirectory := baseDirectory.value / "tests" / "scala-resources",
     Compile / unmanagedJars ++= (sparkJarsDir.value ** "*.jar").classpath,
     libraryDependencies += "org.scalatest" %% "scalatest" % "3.2.19" % Test,
+    compileOrder := CompileOrder.JavaThenScala,
     javacOptions ++= Seq("--release", "17"),
     scalacOptions ++= Seq("-release", "17", "-deprecation", "-feature", "-unchecked"),
     Compile / packageBin / artifactPath := target.value / "heapstate.jar",

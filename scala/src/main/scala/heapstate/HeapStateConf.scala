@@ -1,0 +1,52 @@
+package heapstate
+
+import heapstate.io.Codec
+
+/**
+ * Every heapstate configuration key, its default and its validation. Keys live under
+ * `spark.sql.streaming.stateStore.heapstate.`; an unknown key under that prefix is an error too,
+ * since a misspelt key that is silently ignored is a setting the user believes in but does not
+ * have.
+ */
+final case class HeapStateConf(compactionInterval: Int, codec: Codec, undoVersions: Int)
+
+object HeapStateConf {
+  val Prefix = "spark.sql.streaming.stateStore.heapstate."
+
+  final case class Entry(name: String, default: String, allowed: String, doc: String) {
+    def key: String = Prefix + name
+  }
+
+  val CompactionInterval: Entry = Entry("compactionInterval", "10", "an integer >= 1",
+    "Write a full snapshot once this many versions have been committed since the last one.")
+  val CompressionCodec: Entry = Entry("compressionCodec", "zstd",
+    Codec.all.map(_.name).mkString("one of ", ", ", ""),
+    "Codec for the body of journals and snapshots. Files record their codec; changing it is safe.")
+  val UndoVersions: Entry = Entry("undoVersions", "2", "an integer >= 0",
+    "How many recent versions the store can step back to in memory (task retries), before it " +
+      "must rebuild an older version from files.")
+
+  val entries: Seq[Entry] = Seq(CompactionInterval, CompressionCodec, UndoVersions)
+
+  /** Reads and validates the heapstate keys among `confs`; throws naming the key at fault. */
+  def apply(confs: Map[String, String]): HeapStateConf = {
+    confs.keys.filter(_.startsWith(Prefix)).toSeq.sorted.foreach { key =>
+      if (!entries.exists(_.key == key)) {
+        throw new IllegalArgumentException(s"Unknown heapstate configuration key $key; the keys " +
+          s"are ${entries.map(_.key).mkString(", ")}")
+      }
+    }
+    def raw(e: Entry): String = confs.getOrElse(e.key, e.default).trim
+    def invalid(e: Entry, value: String) = new IllegalArgumentException(
+      s"Invalid value '$value' for ${e.key}: expected ${e.allowed}")
+    def int(e: Entry, min: Int): Int = {
+      val value = raw(e)
+      value.toIntOption.filter(_ >= min).getOrElse(throw invalid(e, value))
+    }
+    val codecName = raw(CompressionCodec)
+    HeapStateConf(
+      compactionInterval = int(CompactionInterval, 1),
+      codec = Codec.byName(codecName).getOrElse(throw invalid(CompressionCodec, codecName)),
+      undoVersions = int(UndoVersions, 0))
+  }
+}

@@ -1,0 +1,323 @@
+package heapstate
+
+import scala.jdk.CollectionConverters._
+
+import org.apache.hadoop.conf.Configuration
+import org.apache.spark.sql.catalyst.expressions.{BoundReference, UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.execution.streaming.state._
+import org.apache.spark.sql.types.StructType
+
+import heapstate.engine._
+import heapstate.io.{StateFiles, StateFileException}
+
+/**
+ * heapstate's `StateStoreProvider`: state on the JVM heap in one live copy per partition, a
+ * journal of only the changed keys per batch, and periodic snapshots written off the task thread.
+ *
+ * This class translates Spark's API and holds no storage logic: rows become [[Key]]s and byte
+ * arrays here, the [[StateEngine]] keeps versions, and `heapstate.io` owns the files.
+ *
+ * Enable it with `spark.sql.streaming.stateStore.providerClass=heapstate.HeapStateStoreProvider`.
+ */
+class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrainedReplay {
+  import HeapStateStoreProvider._
+
+  private var storeId: StateStoreId = _
+  private var storeConf: StateStoreConf = _
+  private var hadoopConf: Configuration = _
+  private var keyFields = 0
+  private var valueFields = 0
+  @volatile private var engine: StateEngine = _
+
+  override def init(
+      stateStoreId: StateStoreId,
+      keySchema: StructType,
+      valueSchema: StructType,
+      keyStateEncoderSpec: KeyStateEncoderSpec,
+      useColumnFamilies: Boolean,
+      storeConfs: StateStoreConf,
+      hadoopConf: Configuration,
+      useMultipleValuesPerKey: Boolean,
+      stateSchemaProvider: Option[StateSchemaProvider]): Unit = {
+    val conf = HeapStateConf(storeConfs.sqlConfs ++ storeConfs.extraOptions)
+    if (useMultipleValuesPerKey) {
+      throw new UnsupportedOperationException(s"heapstate does not support multiple values per " +
+        s"key (state store $stateStoreId); that is transformWithState's, which Spark runs on RocksDB only")
+    }
+    if (storeConfs.stateStoreCheckpointFormatVersion > 1) {
+      throw new UnsupportedOperationException("heapstate does not support " +
+        s"spark.sql.streaming.stateStore.checkpointFormatVersion=${storeConfs.stateStoreCheckpointFormatVersion} " +
+        "yet; use 1 (the default)")
+    }
+    this.storeId = stateStoreId
+    this.storeConf = storeConfs
+    this.hadoopConf = hadoopConf
+    this.keyFields = keySchema.length
+    this.valueFields = valueSchema.length
+    val prefixOf = keyStateEncoderSpec match {
+      case _: NoPrefixKeyStateEncoderSpec => None
+      case PrefixKeyScanStateEncoderSpec(_, numColsPrefixKey) =>
+        Some(prefixExtractor(keySchema, numColsPrefixKey))
+      case other =>
+        throw new UnsupportedOperationException(
+          s"heapstate does not support the key encoding $other (state store $stateStoreId)")
+    }
+    val files = new StateFiles(stateStoreId.storeCheckpointLocation(), hadoopConf, stateStoreId.partitionId)
+    val settings = EngineSettings(
+      compactionInterval = conf.compactionInterval,
+      codec = conf.codec,
+      undoVersions = conf.undoVersions,
+      minVersionsToRetain = storeConfs.minVersionsToRetain)
+    engine = new StateEngine(files, settings, prefixOf)
+  }
+
+  override def stateStoreId: StateStoreId = storeId
+
+  override def close(): Unit = if (engine != null) engine.close()
+
+  override def getStore(
+      version: Long,
+      uniqueId: Option[String],
+      forceSnapshotOnCommit: Boolean,
+      loadEmpty: Boolean): StateStore = {
+    requireVersion(version)
+    new HeapStore(version, engine.ensureAt(version, loadEmpty), readOnly = false, forceSnapshotOnCommit)
+  }
+
+  override def getReadStore(version: Long, uniqueId: Option[String]): ReadStateStore = {
+    requireVersion(version)
+    new HeapStore(version, engine.ensureAt(version), readOnly = true, forceSnapshot = false)
+  }
+
+  override def doMaintenance(): Unit = { doSnapshotMaintenance(); doCleanupMaintenance() }
+
+  /** Spark 4.3's maintenance thread calls the two halves separately. */
+  override def doSnapshotMaintenance(): Unit = if (engine != null) engine.snapshotIfDue()
+
+  override def doCleanupMaintenance(): Unit = if (engine != null && engine.isLoaded) engine.cleanup()
+
+  override def supportedCustomMetrics: Seq[StateStoreCustomMetric] = CustomMetrics
+
+  override def replayStateFromSnapshot(
+      snapshotVersion: Long,
+      endVersion: Long,
+      readOnly: Boolean,
+      startStateStoreCkptId: Option[String],
+      endStateStoreCkptId: Option[String]): StateStore = {
+    requireVersion(snapshotVersion)
+    if (endVersion < snapshotVersion) {
+      throw new IllegalArgumentException(s"heapstate: end version $endVersion is below snapshot " +
+        s"version $snapshotVersion (state store $storeId)")
+    }
+    new HeapStore(endVersion, engine.rebuildFromSnapshot(snapshotVersion, endVersion), readOnly, forceSnapshot = false)
+  }
+
+  override def getStateStoreChangeDataReader(
+      startVersion: Long,
+      endVersion: Long,
+      colFamilyNameOpt: Option[String],
+      endStateStoreCkptId: Option[String]): ChangeFeedIterator[(RecordType.Value, UnsafeRow, UnsafeRow, Long)] = {
+    colFamilyNameOpt.foreach(requireDefaultFamily)
+    if (startVersion < 1 || endVersion < startVersion) {
+      throw new IllegalArgumentException(s"heapstate: invalid change feed range [$startVersion, " +
+        s"$endVersion] for state store $storeId; versions start at 1")
+    }
+    new JournalChangeFeed(startVersion, endVersion)
+  }
+
+  private def requireVersion(version: Long): Unit =
+    if (version < 0) throw new IllegalArgumentException(s"heapstate: version $version of state store $storeId is negative")
+
+  private def keyRow(bytes: Array[Byte]): UnsafeRow = { val r = new UnsafeRow(keyFields); r.pointTo(bytes, bytes.length); r }
+  private def valueRow(bytes: Array[Byte]): UnsafeRow = { val r = new UnsafeRow(valueFields); r.pointTo(bytes, bytes.length); r }
+  private def pair(key: Array[Byte], value: Array[Byte]) = new UnsafeRowPair(keyRow(key), valueRow(value))
+
+  /** Reads journals version by version; Spark's change feed calls a version's changes batch `version - 1`. */
+  private class JournalChangeFeed(start: Long, end: Long)
+    extends ChangeFeedIterator[(RecordType.Value, UnsafeRow, UnsafeRow, Long)] {
+    private var version = start - 1
+    private var records: Iterator[(RecordType.Value, UnsafeRow, UnsafeRow, Long)] = Iterator.empty
+
+    override protected def nextRecord(): (RecordType.Value, UnsafeRow, UnsafeRow, Long) = {
+      while (!records.hasNext && version < end) {
+        version += 1
+        val batch = version - 1
+        val buffer = scala.collection.mutable.ArrayBuffer.empty[(RecordType.Value, UnsafeRow, UnsafeRow, Long)]
+        engine.readJournal(version)(
+          (k, v) => buffer += ((RecordType.PUT_RECORD, keyRow(k), valueRow(v), batch)),
+          k => buffer += ((RecordType.DELETE_RECORD, keyRow(k), null, batch)))
+        records = buffer.iterator
+      }
+      if (records.hasNext) records.next() else null
+    }
+  }
+
+  /**
+   * One version of the state, as a store. Reads look in the batch's [[ChangeSet]] first, then in
+   * the live state, which does not move until this store commits.
+   */
+  private class HeapStore(
+      override val version: Long,
+      live: LiveState,
+      readOnly: Boolean,
+      forceSnapshot: Boolean) extends StateStore {
+    private val changes = new ChangeSet(live)
+    private var phase: Phase = Updating
+    private var committed: CommitResult = _
+
+    override def id: StateStoreId = storeId
+
+    override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
+      requireDefaultFamily(colFamilyName)
+      val probe = new KeyProbe(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes)
+      var value = changes.lookup(probe)
+      if (value == null) value = live.get(probe)
+      if (value == null || Tombstone.is(value)) null else valueRow(value)
+    }
+
+    override def put(key: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit = {
+      requireWritable("put"); requireDefaultFamily(colFamilyName)
+      if (key == null || value == null) throw new IllegalArgumentException("heapstate: null key or value in put")
+      val bytes = new Array[Byte](value.getSizeInBytes)
+      value.writeToMemory(bytes, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET)
+      changes.put(Key.copyOf(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes), bytes)
+    }
+
+    override def remove(key: UnsafeRow, colFamilyName: String): Unit = {
+      requireWritable("remove"); requireDefaultFamily(colFamilyName)
+      changes.remove(Key.copyOf(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes))
+    }
+
+    override def iterator(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = {
+      requireDefaultFamily(colFamilyName)
+      // Fixed at creation: keys this batch changed come from the copy, all others from the live
+      // map, so writes made while iterating never hide or repeat a key.
+      val changed = changes.copy()
+      val fromChanges = changed.entrySet().iterator().asScala
+        .filter(e => !Tombstone.is(e.getValue))
+        .map(e => pair(e.getKey.asInstanceOf[Key].bytes, e.getValue))
+      val fromLive = live.map.entrySet().iterator().asScala
+        .filter(e => !changed.containsKey(e.getKey))
+        .map(e => pair(e.getKey.bytes, e.getValue))
+      new StateStoreIterator(fromChanges ++ fromLive, () => ())
+    }
+
+    override def prefixScan(prefixKey: UnsafeRow, colFamilyName: String): StateStoreIterator[UnsafeRowPair] = {
+      requireDefaultFamily(colFamilyName)
+      val prefix = Key.copyOf(prefixKey.getBaseObject, prefixKey.getBaseOffset, prefixKey.getSizeInBytes)
+      val changedKeys = changes.keysWithPrefix(prefix)
+      val changedSet = new java.util.HashSet[Key](java.util.Arrays.asList(changedKeys: _*))
+      val fromChanges = changedKeys.iterator.flatMap { k =>
+        val v = changes.lookup(k)
+        if (v == null || Tombstone.is(v)) None else Some(pair(k.bytes, v))
+      }.toArray
+      val fromLive = live.keysWithPrefix(prefix).iterator().asScala
+        .filter(k => !changedSet.contains(k))
+        .flatMap(k => Option(live.get(k)).map(v => pair(k.bytes, v)))
+      new StateStoreIterator(fromChanges.iterator ++ fromLive, () => ())
+    }
+
+    override def commit(): Long = {
+      requireWritable("commit")
+      committed = engine.commit(version, changes)
+      phase = Committed
+      if (storeConf.commitValidationEnabled) {
+        StateStore.reportCommitToCoordinator(committed.version, storeId, hadoopConf)
+      }
+      if (forceSnapshot) engine.snapshotIfDue(force = true)
+      committed.version
+    }
+
+    override def abort(): Unit = if (phase == Updating) { phase = Aborted; changes.clear() }
+
+    override def release(): Unit = abort()
+
+    override def hasCommitted: Boolean = phase == Committed
+
+    override def metrics: StateStoreMetrics = {
+      val current = if (engine.isLoaded) engine.live else live
+      val pending = phase == Updating
+      StateStoreMetrics(
+        numKeys = current.numKeys + (if (pending) changes.keyDelta else 0),
+        memoryUsedBytes = current.memoryBytes + (if (pending) changes.bytes else 0),
+        customMetrics = Map(
+          JournalBytes -> (if (committed == null) 0L else committed.journalBytes),
+          KeysWritten -> (if (committed == null) 0L else committed.keysWritten),
+          UpdatesSquashed -> (if (committed == null) 0L else committed.squashed),
+          SnapshotLag -> engine.snapshotLag))
+    }
+
+    override def getStateStoreCheckpointInfo(): StateStoreCheckpointInfo = StateStoreCheckpointInfo(
+      storeId.partitionId, if (committed == null) version + 1 else committed.version, None, None)
+
+    override def allColumnFamilyNames: Set[String] = Set(StateStore.DEFAULT_COL_FAMILY_NAME)
+
+    override def createColFamilyIfAbsent(
+        colFamilyName: String,
+        keySchema: StructType,
+        valueSchema: StructType,
+        keyStateEncoderSpec: KeyStateEncoderSpec,
+        useMultipleValuesPerKey: Boolean,
+        isInternal: Boolean): Unit = requireDefaultFamily(colFamilyName)
+
+    override def removeColFamilyIfExists(colFamilyName: String): Boolean = false
+
+    override def valuesIterator(key: UnsafeRow, colFamilyName: String): Iterator[UnsafeRow] = multiValues()
+    override def prefixScanWithMultiValues(prefixKey: UnsafeRow, colFamilyName: String): StateStoreIterator[UnsafeRowPair] = multiValues()
+    override def iteratorWithMultiValues(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = multiValues()
+    override def merge(key: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit = multiValues()
+    override def putList(key: UnsafeRow, values: Array[UnsafeRow], colFamilyName: String): Unit = multiValues()
+    override def mergeList(key: UnsafeRow, values: Array[UnsafeRow], colFamilyName: String): Unit = multiValues()
+
+    override def toString: String = s"HeapStateStore[id=$storeId, version=$version, phase=$phase]"
+
+    private def requireWritable(op: String): Unit = {
+      if (readOnly) throw new UnsupportedOperationException(s"heapstate: $op on read-only store $storeId version $version")
+      if (phase != Updating) {
+        throw new IllegalStateException(s"heapstate: $op on store $storeId version $version after it was ${phase.toString.toLowerCase}")
+      }
+    }
+
+    private def multiValues(): Nothing = throw new UnsupportedOperationException(
+      s"heapstate does not support multiple values per key (state store $storeId); " +
+        "transformWithState runs on RocksDBStateStoreProvider only")
+  }
+
+  private def requireDefaultFamily(name: String): Unit = if (name != StateStore.DEFAULT_COL_FAMILY_NAME) {
+    throw new UnsupportedOperationException(s"heapstate serves only the default column family, not " +
+      s"'$name' (state store $storeId); column families are transformWithState's, which Spark runs on RocksDB only")
+  }
+}
+
+object HeapStateStoreProvider {
+  private sealed trait Phase
+  private case object Updating extends Phase
+  private case object Committed extends Phase
+  private case object Aborted extends Phase
+
+  val JournalBytes: StateStoreCustomMetric =
+    StateStoreCustomSumMetric("heapstateJournalBytes", "heapstate: journal bytes written")
+  val KeysWritten: StateStoreCustomMetric =
+    StateStoreCustomSumMetric("heapstateKeysWritten", "heapstate: keys written to journals (after squashing)")
+  val UpdatesSquashed: StateStoreCustomMetric =
+    StateStoreCustomSumMetric("heapstateUpdatesSquashed", "heapstate: puts and removes squashed away")
+  val SnapshotLag: StateStoreCustomMetric =
+    StateStoreCustomSumMetric("heapstateSnapshotLagVersions", "heapstate: versions since the last snapshot, summed over partitions")
+
+  val CustomMetrics: Seq[StateStoreCustomMetric] = Seq(JournalBytes, KeysWritten, UpdatesSquashed, SnapshotLag)
+
+  /** Extracts the prefix key's bytes from a key's bytes (a projection per thread: they keep buffers). */
+  private def prefixExtractor(keySchema: StructType, numColsPrefixKey: Int): Array[Byte] => Key = {
+    val fields = keySchema.fields
+    val projection = ThreadLocal.withInitial[(UnsafeRow, UnsafeProjection)] { () =>
+      val refs = fields.take(numColsPrefixKey).zipWithIndex.map { case (f, i) => BoundReference(i, f.dataType, f.nullable) }
+      (new UnsafeRow(fields.length), UnsafeProjection.create(refs.toSeq))
+    }
+    bytes => {
+      val (row, proj) = projection.get()
+      row.pointTo(bytes, bytes.length)
+      val p = proj(row)
+      Key.copyOf(p.getBaseObject, p.getBaseOffset, p.getSizeInBytes)
+    }
+  }
+}

@@ -1,0 +1,103 @@
+package heapstate.engine
+
+import java.util.{HashMap => JHashMap, HashSet => JHashSet}
+
+/**
+ * The changes of one batch, on top of a live state that does not move while the batch runs.
+ * Each changed key appears once, with its last value or a [[Tombstone]] (squashing): a key
+ * written a hundred times costs one journal record. A key that the batch both created and
+ * removed leaves no trace at all.
+ */
+final class ChangeSet(live: LiveState) {
+  private val entries = new JHashMap[AnyRef, Array[Byte]]()
+  private val byPrefix: Option[JHashMap[Key, JHashSet[Key]]] =
+    live.prefixOf.map(_ => new JHashMap[Key, JHashSet[Key]]())
+
+  /** Every put and remove the batch made, squashed or not. */
+  var operations = 0L
+  /** Keys added minus keys removed, against the live state. */
+  var keyDelta = 0L
+  /** Estimated heap bytes held by the changes. */
+  var bytes = 0L
+
+  def size: Int = entries.size
+
+  /** The batch's value for `probe`: `null` when unchanged, [[Tombstone]] when removed. */
+  def lookup(probe: AnyRef): Array[Byte] = entries.get(probe)
+
+  def put(key: Key, value: Array[Byte]): Unit = {
+    operations += 1
+    val previous = entries.put(key, value)
+    if (previous == null) {
+      bytes += MemoryModel.changeEntry(key, value)
+      if (!live.contains(key)) keyDelta += 1
+      indexPrefix(key)
+    } else {
+      bytes += value.length - previous.length
+      if (Tombstone.is(previous)) keyDelta += 1
+    }
+  }
+
+  def remove(key: Key): Unit = {
+    operations += 1
+    val inLive = live.contains(key)
+    val previous = entries.get(key)
+    if (previous == null) {
+      if (inLive) {
+        entries.put(key, Tombstone.bytes)
+        bytes += MemoryModel.changeEntry(key, Tombstone.bytes)
+        keyDelta -= 1
+        indexPrefix(key)
+      }
+    } else if (!Tombstone.is(previous)) {
+      keyDelta -= 1
+      if (inLive) {
+        entries.put(key, Tombstone.bytes)
+        bytes -= previous.length
+      } else {
+        entries.remove(key)
+        bytes -= MemoryModel.changeEntry(key, previous)
+        byPrefix.foreach { index =>
+          val prefix = live.prefixOf.get(key.bytes)
+          val set = index.get(prefix)
+          if (set != null) { set.remove(key); if (set.isEmpty) index.remove(prefix) }
+        }
+      }
+    }
+  }
+
+  private def indexPrefix(key: Key): Unit = byPrefix.foreach { index =>
+    index.computeIfAbsent(live.prefixOf.get(key.bytes), _ => new JHashSet[Key]()).add(key)
+  }
+
+  /** A copy of the changes, safe to iterate while the batch keeps writing. */
+  def copy(): JHashMap[AnyRef, Array[Byte]] = new JHashMap[AnyRef, Array[Byte]](entries)
+
+  /** A stable copy of the changed keys and values, safe to hold while the batch keeps writing. */
+  def snapshotEntries(): Array[(Key, Array[Byte])] = {
+    val out = new Array[(Key, Array[Byte])](entries.size)
+    var i = 0
+    val it = entries.entrySet().iterator()
+    while (it.hasNext) {
+      val e = it.next()
+      out(i) = (e.getKey.asInstanceOf[Key], e.getValue)
+      i += 1
+    }
+    out
+  }
+
+  /** The changed keys that share `prefix`, copied. */
+  def keysWithPrefix(prefix: Key): Array[Key] = byPrefix match {
+    case Some(index) =>
+      val set = index.get(prefix)
+      if (set == null) Array.empty else set.toArray(new Array[Key](set.size))
+    case None => throw new IllegalStateException("this store was not created for prefix scans")
+  }
+
+  def foreach(f: (Key, Array[Byte]) => Unit): Unit = {
+    val it = entries.entrySet().iterator()
+    while (it.hasNext) { val e = it.next(); f(e.getKey.asInstanceOf[Key], e.getValue) }
+  }
+
+  def clear(): Unit = { entries.clear(); byPrefix.foreach(_.clear()); bytes = 0; keyDelta = 0 }
+}

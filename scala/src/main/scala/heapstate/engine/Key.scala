@@ -1,0 +1,54 @@
+package heapstate.engine
+
+import org.apache.spark.unsafe.Platform
+import org.apache.spark.unsafe.array.ByteArrayMethods
+import org.apache.spark.unsafe.hash.Murmur3_x86_32
+
+/**
+ * A state key: the bytes of a key row, owned by the store and never mutated, with its hash
+ * computed once. Equality is byte equality, as for `UnsafeRow`.
+ */
+final class Key(val bytes: Array[Byte], override val hashCode: Int) {
+  override def equals(other: Any): Boolean = other match {
+    case k: Key => (k eq this) || (k.hashCode == hashCode && java.util.Arrays.equals(k.bytes, bytes))
+    case _ => false
+  }
+  override def toString: String = s"Key(${bytes.length} bytes, hash $hashCode)"
+}
+
+object Key {
+  private val Seed = 42
+
+  def hash(base: AnyRef, offset: Long, length: Int): Int =
+    Murmur3_x86_32.hashUnsafeBytes(base, offset, length, Seed)
+
+  def apply(bytes: Array[Byte]): Key = new Key(bytes, hash(bytes, Platform.BYTE_ARRAY_OFFSET, bytes.length))
+
+  /** Copies `length` bytes at `base`/`offset` (for example an `UnsafeRow`'s) into a new key. */
+  def copyOf(base: AnyRef, offset: Long, length: Int): Key = {
+    val bytes = new Array[Byte](length)
+    Platform.copyMemory(base, offset, bytes, Platform.BYTE_ARRAY_OFFSET, length)
+    apply(bytes)
+  }
+}
+
+/**
+ * A look-up key that points into memory it does not own (a caller's `UnsafeRow`), so that reads
+ * allocate nothing. Java's hash maps call `probe.equals(storedKey)`, which is the only direction
+ * this supports; a probe is never stored.
+ */
+final class KeyProbe(base: AnyRef, offset: Long, length: Int) {
+  override val hashCode: Int = Key.hash(base, offset, length)
+  override def equals(other: Any): Boolean = other match {
+    case k: Key =>
+      k.hashCode == hashCode && k.bytes.length == length &&
+        ByteArrayMethods.arrayEquals(base, offset, k.bytes, Platform.BYTE_ARRAY_OFFSET, length)
+    case _ => false
+  }
+}
+
+/** The value that marks a key as absent: in a change set, a delete; in an undo entry, "absent". */
+object Tombstone {
+  val bytes: Array[Byte] = new Array[Byte](0)
+  def is(value: Array[Byte]): Boolean = value eq bytes
+}

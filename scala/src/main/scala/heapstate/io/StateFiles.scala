@@ -1,0 +1,85 @@
+package heapstate.io
+
+import java.io.FileNotFoundException
+
+import scala.util.control.NonFatal
+
+import org.apache.hadoop.conf.Configuration
+import org.apache.hadoop.fs.Path
+import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
+
+import heapstate.io.StateFileNames.{Journal, Kind, Snapshot, StateFile}
+
+/**
+ * The files of one state store directory, read and written through Spark's
+ * `CheckpointFileManager`, so the store works on local disk, HDFS and object stores alike. Every
+ * write is atomic: a reader sees the whole file or none of it.
+ */
+final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int) {
+  private val fm = CheckpointFileManager.create(dir, hadoopConf)
+  @volatile private var dirReady = false
+
+  /** Every heapstate file in the directory, by version then kind (journal before snapshot). */
+  def list(): Seq[StateFile] = {
+    val statuses =
+      try fm.list(dir)
+      catch { case _: FileNotFoundException => Array.empty[org.apache.hadoop.fs.FileStatus] }
+    statuses.toSeq.flatMap { st =>
+      StateFileNames.parse(st.getPath.getName).map { case (v, kind) =>
+        StateFile(v, kind, st.getPath, st.getLen)
+      }
+    }.sortBy(f => (f.version, if (f.kind == Journal) 0 else 1))
+  }
+
+  def journalPath(version: Long): Path = StateFileNames.journal(dir, version)
+  def snapshotPath(version: Long): Path = StateFileNames.snapshot(dir, version)
+
+  /**
+   * Writes a journal or snapshot for `version` atomically, overwriting an older file of the same
+   * name (a re-run batch commits its version again). Returns the file's size in bytes.
+   */
+  def write(kind: Kind, version: Long, codec: Codec)(records: StateFileWriter => Unit): Long = {
+    if (!dirReady) { fm.mkdirs(dir); dirReady = true }
+    val path = if (kind == Journal) journalPath(version) else snapshotPath(version)
+    val kindByte = if (kind == Journal) StateFileFormat.KindJournal else StateFileFormat.KindSnapshot
+    val out = fm.createAtomic(path, true)
+    try {
+      val writer = new StateFileWriter(out, StateFileFormat.Header(kindByte, codec, version, partition))
+      records(writer)
+      val size = writer.finish()
+      out.close()
+      size
+    } catch {
+      case NonFatal(e) =>
+        try out.cancel() catch { case NonFatal(c) => e.addSuppressed(c) }
+        throw e
+    }
+  }
+
+  /** Reads `file`, handing records to the callbacks; see [[StateFileReader]] for the guarantees. */
+  def read(file: StateFile)(onPut: (Array[Byte], Array[Byte]) => Unit, onDelete: Array[Byte] => Unit): Unit = {
+    val kindByte = if (file.kind == Journal) StateFileFormat.KindJournal else StateFileFormat.KindSnapshot
+    val in =
+      try fm.open(file.path)
+      catch {
+        case e: FileNotFoundException =>
+          throw new MissingStateFileException(file.path, file.version, s"it is missing (${e.getMessage})")
+      }
+    try StateFileReader.read(in, file.length, file.path, file.version, kindByte, onPut, onDelete)
+    finally in.close()
+  }
+
+  def exists(path: Path): Boolean = fm.exists(path)
+
+  def delete(path: Path): Unit = fm.delete(path)
+}
+
+object StateFiles {
+  def missingJournal(dir: Path, version: Long): MissingStateFileException = {
+    val path = StateFileNames.journal(dir, version)
+    new MissingStateFileException(path, version, "it is missing, and no snapshot at or above an " +
+      "earlier version can rebuild this version without it")
+  }
+
+  def isSnapshot(f: StateFile): Boolean = f.kind == Snapshot
+}

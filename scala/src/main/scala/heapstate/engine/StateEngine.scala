@@ -60,7 +60,10 @@ final class StateEngine(
     } else if (st != null && st.version == version) {
       st
     } else if (st != null && st.canRollBackTo(version)) {
-      withSnapshotLock(st.rollBackTo(version))
+      withSnapshotLock {
+        st.rollBackTo(version)
+        if (newestSnapshot > version) newestSnapshot = 0 // that snapshot is of versions being redone
+      }
       st
     } else {
       withSnapshotLock {
@@ -132,14 +135,18 @@ final class StateEngine(
   }
 
   /**
-   * Deletes files that no retained version needs. The newest `minVersionsToRetain` versions stay
+   * Deletes files that no retained version needs. The newest `minVersionsToRetain` versions up to
+   * the live one stay
    * recoverable: the newest snapshot at or below the oldest of them is kept, with every journal
    * above it; everything older goes.
    */
   def cleanup(): Seq[StateFile] = {
+    val st = state
     val all = files.list()
-    if (all.isEmpty) return Nil
-    val latest = all.map(_.version).max
+    if (st == null || all.isEmpty) return Nil
+    // Count from the live version, not the highest file: after a re-run, higher files belong to
+    // an abandoned lineage and must not push the retained window past versions still needed.
+    val latest = st.version
     val oldestRetained = latest - settings.minVersionsToRetain + 1
     val base = all.filter(f => f.kind == Snapshot && f.version <= oldestRetained).map(_.version).maxOption
     base.toSeq.flatMap { b =>

@@ -1,0 +1,218 @@
+package heapstate
+
+import java.io.{File, RandomAccessFile}
+
+import org.apache.spark.sql.execution.streaming.state.{RecordType, StateStore}
+import org.scalatest.funsuite.AnyFunSuite
+
+import heapstate.StoreFixture._
+import heapstate.io.StateFileException
+
+class HeapStateStoreProviderSuite extends AnyFunSuite {
+  private val CF = StateStore.DEFAULT_COL_FAMILY_NAME
+
+  private def files(root: String): Seq[String] =
+    Option(storeDir(root).listFiles).toSeq.flatten.map(_.getName).filterNot(_.startsWith(".")).sorted
+
+  test("put, get, remove, commit, and a fresh provider reads the committed version") {
+    val root = tempDir()
+    val p = provider(root)
+    val s0 = p.getStore(0, None, false, false)
+    put(s0, 1, 10); put(s0, 2, 20); put(s0, 3, 30); remove(s0, 2)
+    assert(get(s0, 1).contains(10) && get(s0, 2).isEmpty)
+    assert(s0.commit() == 1)
+    val s1 = p.getStore(1, None, false, false)
+    put(s1, 1, 11); remove(s1, 3); put(s1, 4, 40)
+    assert(contents(s1) == Map(1L -> 11L, 4L -> 40L))
+    assert(s1.commit() == 2)
+    p.close()
+    val fresh = provider(root)
+    assert(contents(fresh.getReadStore(1, None)) == Map(1L -> 10L, 3L -> 30L))
+    assert(contents(fresh.getStore(2, None, false, false)) == Map(1L -> 11L, 4L -> 40L))
+    assert(files(root) == Seq("1.hs-journal", "2.hs-journal"))
+  }
+
+  test("abort discards the batch, and the version can be written again") {
+    val p = provider(tempDir())
+    val s0 = p.getStore(0, None, false, false); put(s0, 1, 1); s0.commit()
+    val s1 = p.getStore(1, None, false, false); put(s1, 1, 99); put(s1, 2, 2); s1.abort()
+    assert(!s1.hasCommitted)
+    intercept[IllegalStateException](put(s1, 3, 3))
+    val again = p.getStore(1, None, false, false)
+    assert(contents(again) == Map(1L -> 1L))
+  }
+
+  test("squashing: a key written many times costs one journal record") {
+    val root = tempDir()
+    val p = provider(root)
+    val s = p.getStore(0, None, false, false)
+    for (i <- 1 to 1000) put(s, 7, i)
+    put(s, 8, 1); remove(s, 8) // created and removed in one batch: no record at all
+    s.commit()
+    val m = s.metrics
+    assert(m.customMetrics(HeapStateStoreProvider.KeysWritten) == 1)
+    assert(m.customMetrics(HeapStateStoreProvider.UpdatesSquashed) == 1001)
+    assert(m.numKeys == 1)
+    val one = new File(storeDir(root), "1.hs-journal").length()
+    val p2 = provider(tempDir())
+    val s2 = p2.getStore(0, None, false, false); put(s2, 7, 1000); s2.commit()
+    val single = s2.metrics.customMetrics(HeapStateStoreProvider.JournalBytes)
+    assert(one == single, s"journal of 1000 squashed puts is $one bytes, of one put $single bytes")
+  }
+
+  test("a re-run batch that commits the same version again leaves correct state") {
+    val root = tempDir()
+    val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "1"))
+    val s0 = p.getStore(0, None, false, false); put(s0, 1, 1); s0.commit()
+    val s1 = p.getStore(1, None, false, false); put(s1, 2, 2); s1.commit()
+    p.doMaintenance() // snapshot of version 2
+    assert(files(root).contains("2.hs-snapshot"))
+    // Spark retries batch 1 (version 1 -> 2) with different output this time.
+    val retry = p.getStore(1, None, false, false)
+    assert(contents(retry) == Map(1L -> 1L))
+    put(retry, 3, 3); retry.commit()
+    assert(!files(root).contains("2.hs-snapshot"), "the old lineage's snapshot of version 2 must go")
+    assert(contents(p.getStore(2, None, false, false)) == Map(1L -> 1L, 3L -> 3L))
+    assert(contents(provider(root).getReadStore(2, None)) == Map(1L -> 1L, 3L -> 3L))
+  }
+
+  test("older retained versions are served after undo runs out, from snapshot and journals") {
+    val root = tempDir()
+    val p = provider(root, Map(
+      "spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "3",
+      "spark.sql.streaming.stateStore.heapstate.undoVersions" -> "1"))
+    for (v <- 0 until 10) {
+      val s = p.getStore(v, None, false, false); put(s, v, v * 10); s.commit()
+      p.doMaintenance()
+    }
+    for (v <- Seq(10, 4, 9, 0, 7, 10)) {
+      assert(contents(p.getStore(v, None, false, false)) == (0 until v).map(i => i.toLong -> i * 10L).toMap, s"version $v")
+    }
+  }
+
+  test("snapshots every compactionInterval versions, and cleanup keeps what minBatchesToRetain needs") {
+    val root = tempDir()
+    val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "4"), minVersionsToRetain = 3)
+    for (v <- 0 until 14) {
+      val s = p.getStore(v, None, false, false); put(s, v % 5, v); s.commit()
+      p.doMaintenance()
+    }
+    // Snapshots at 4, 8, 12; the newest 3 versions (12..14) need snapshot 12 and journals 13, 14.
+    assert(files(root) == Seq("12.hs-snapshot", "13.hs-journal", "14.hs-journal"))
+    val fresh = provider(root)
+    for (v <- 12 to 14) assert(fresh.getReadStore(v, None).iterator(CF).size == 5)
+    val e = intercept[StateFileException](fresh.getReadStore(11, None))
+    assert(e.getMessage.contains("11.hs-journal") || e.getMessage.contains("version 1"), e.getMessage)
+  }
+
+  test("prefix scan sees live keys and this batch's changes") {
+    val p = provider(tempDir(), prefixScan = true)
+    def put2(s: StateStore, g: String, t: Long, v: Long) = s.put(prefixKey(g, t), row(v), CF)
+    def scan(s: StateStore, g: String) =
+      s.prefixScan(prefix(g), CF).map(pr => (pr.key.getUTF8String(0).toString, pr.key.getLong(1), pr.value.getLong(0))).toSet
+    val s0 = p.getStore(0, None, false, false)
+    put2(s0, "a", 1, 1); put2(s0, "a", 2, 2); put2(s0, "b", 1, 3); put2(s0, "ab", 1, 4)
+    assert(scan(s0, "a") == Set(("a", 1L, 1L), ("a", 2L, 2L)))
+    s0.commit()
+    val s1 = p.getStore(1, None, false, false)
+    s1.remove(prefixKey("a", 1), CF); put2(s1, "a", 3, 5); put2(s1, "a", 2, 6)
+    assert(scan(s1, "a") == Set(("a", 2L, 6L), ("a", 3L, 5L)))
+    assert(scan(s1, "b") == Set(("b", 1L, 3L)))
+    assert(scan(s1, "zzz").isEmpty)
+    s1.commit()
+    val s2 = p.getStore(2, None, false, false)
+    assert(scan(s2, "a") == Set(("a", 2L, 6L), ("a", 3L, 5L)))
+    // Rolled back to version 1 through undo, the index follows.
+    assert(scan(p.getStore(1, None, false, false), "a") == Set(("a", 1L, 1L), ("a", 2L, 2L)))
+  }
+
+  test("iterator tolerates removes while iterating, as watermark eviction does") {
+    val p = provider(tempDir())
+    val s0 = p.getStore(0, None, false, false); (1 to 100).foreach(i => put(s0, i, i)); s0.commit()
+    val s1 = p.getStore(1, None, false, false)
+    put(s1, 101, 101)
+    val it = s1.iterator(CF)
+    var seen = 0
+    while (it.hasNext) { val pair = it.next(); seen += 1; if (pair.key.getLong(0) % 2 == 0) s1.remove(pair.key, CF) }
+    assert(seen == 101)
+    s1.commit()
+    assert(contents(p.getStore(2, None, false, false)).keySet == (1 to 101 by 2).map(_.toLong).toSet)
+  }
+
+  test("metrics: numKeys and memoryUsedBytes are honest") {
+    val p = provider(tempDir())
+    val s = p.getStore(0, None, false, false)
+    (1 to 1000).foreach(i => put(s, i, i))
+    assert(s.metrics.numKeys == 1000)
+    s.commit()
+    val m = s.metrics
+    assert(m.numKeys == 1000)
+    // 1000 keys of 16 + 16 bytes of row data; the estimate includes per-entry overhead.
+    assert(m.memoryUsedBytes >= 1000L * 32 && m.memoryUsedBytes <= 1000L * 200, m.memoryUsedBytes)
+    assert(HeapStateStoreProvider.CustomMetrics.forall(m.customMetrics.contains))
+  }
+
+  test("every heapstate key is validated in init, naming the key and the allowed values") {
+    val cases = Seq(
+      "compactionInterval" -> "0", "compactionInterval" -> "-3", "compactionInterval" -> "ten",
+      "compressionCodec" -> "brotli", "undoVersions" -> "-1", "undoVersions" -> "1.5")
+    for ((name, value) <- cases) {
+      val root = tempDir()
+      val key = s"spark.sql.streaming.stateStore.heapstate.$name"
+      val e = intercept[IllegalArgumentException](provider(root, Map(key -> value)))
+      assert(e.getMessage.contains(key) && e.getMessage.contains(s"'$value'") && e.getMessage.contains("expected"), e.getMessage)
+      assert(!new File(root).listFiles().exists(_ => true), "a rejected conf must not touch the checkpoint")
+    }
+    val e = intercept[IllegalArgumentException](
+      provider(tempDir(), Map("spark.sql.streaming.stateStore.heapstate.compactionIntervall" -> "5")))
+    assert(e.getMessage.contains("compactionIntervall") && e.getMessage.contains("heapstate.compactionInterval"))
+  }
+
+  test("a missing journal is an error naming the file and version") {
+    val root = tempDir()
+    val p = provider(root)
+    for (v <- 0 until 3) { val s = p.getStore(v, None, false, false); put(s, v, v); s.commit() }
+    new File(storeDir(root), "2.hs-journal").delete()
+    val e = intercept[StateFileException](provider(root).getReadStore(3, None))
+    assert(e.getMessage.contains("2.hs-journal") && e.getMessage.contains("version 2"), e.getMessage)
+    intercept[StateFileException](provider(root).getReadStore(7, None))
+  }
+
+  test("a damaged snapshot falls back to an older one with journals; a damaged journal fails") {
+    val root = tempDir()
+    val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "2"), minVersionsToRetain = 100)
+    for (v <- 0 until 6) { val s = p.getStore(v, None, false, false); put(s, v, v); s.commit(); p.doMaintenance() }
+    val expected = (0 until 6).map(i => i.toLong -> i.toLong).toMap
+    val snap = new File(storeDir(root), "6.hs-snapshot")
+    assert(snap.exists())
+    val raf = new RandomAccessFile(snap, "rw"); raf.seek(30); raf.write(0xAB ^ raf.read()); raf.close()
+    assert(contents(provider(root).getReadStore(6, None)) == expected)
+    val journal = new File(storeDir(root), "6.hs-journal")
+    val raf2 = new RandomAccessFile(journal, "rw"); raf2.setLength(journal.length() - 3); raf2.close()
+    val e = intercept[StateFileException](provider(root).getReadStore(6, None))
+    assert(e.getMessage.contains("6.hs-journal") && e.getMessage.contains("version 6"), e.getMessage)
+  }
+
+  test("forceSnapshotOnCommit writes the snapshot with the commit") {
+    val root = tempDir()
+    val p = provider(root)
+    val s = p.getStore(0, None, true, false); put(s, 1, 1); s.commit()
+    assert(files(root) == Seq("1.hs-journal", "1.hs-snapshot"))
+  }
+
+  test("change feed and replay from a snapshot") {
+    val root = tempDir()
+    val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "2"))
+    for (v <- 0 until 4) {
+      val s = p.getStore(v, None, false, false); put(s, v, v); if (v == 2) remove(s, 0); s.commit(); p.doMaintenance()
+    }
+    val feed = p.getStateStoreChangeDataReader(2, 3, None, None).map { case (t, k, v, batch) =>
+      (if (t == RecordType.PUT_RECORD) "PUT" else if (t == RecordType.DELETE_RECORD) "DELETE" else t.toString, k.getLong(0), Option(v).map(_.getLong(0)), batch)
+    }.toList
+    assert(feed.sortBy(x => (x._4, x._2)) == List(("PUT", 1L, Some(1L), 1L), ("DELETE", 0L, None, 2L),
+      ("PUT", 2L, Some(2L), 2L)))
+    val replayed = provider(root).replayStateFromSnapshot(2, 4, readOnly = true, None, None)
+    assert(contents(replayed) == Map(1L -> 1L, 2L -> 2L, 3L -> 3L))
+    intercept[StateFileException](provider(root).replayStateFromSnapshot(3, 4, readOnly = true, None, None))
+  }
+}

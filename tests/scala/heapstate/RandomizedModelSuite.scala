@@ -1,0 +1,108 @@
+package heapstate
+
+import scala.collection.mutable
+import scala.util.Random
+
+import org.apache.spark.sql.execution.streaming.state.StateStore
+import org.scalatest.funsuite.AnyFunSuite
+
+import heapstate.StoreFixture._
+
+/**
+ * Thousands of random steps against a plain Map model: put, remove, commit, abort, reload at a
+ * random retained version (same provider, or a fresh one as after an executor loss), maintenance
+ * (snapshot and cleanup). After every step the store's contents must equal the model's.
+ * A failure prints the seed; rerun it with -Dheapstate.seed=<seed>.
+ */
+class RandomizedModelSuite extends AnyFunSuite {
+  private val steps = sys.props.get("heapstate.steps").map(_.toInt).getOrElse(3000)
+
+  private def runOne(seed: Long): Unit = {
+    val rng = new Random(seed)
+    val root = tempDir()
+    val minRetain = 2 + rng.nextInt(6)
+    val confs = Map(
+      "spark.sql.streaming.stateStore.heapstate.compactionInterval" -> (1 + rng.nextInt(5)).toString,
+      "spark.sql.streaming.stateStore.heapstate.undoVersions" -> rng.nextInt(4).toString,
+      "spark.sql.streaming.stateStore.heapstate.compressionCodec" -> Seq("zstd", "lz4", "snappy", "none")(rng.nextInt(4)))
+    val keySpace = 20 + rng.nextInt(300)
+    var p = provider(root, confs, minVersionsToRetain = minRetain)
+    // committed(v) = the state at version v of the current lineage
+    val committed = mutable.Map[Long, Map[Long, Long]](0L -> Map.empty)
+    var latest = 0L
+    // Versions below this may have been cleaned up: retention follows the highest version reached,
+    // and a re-run of an older batch does not bring back what cleanup already removed.
+    var floor = 0L
+    var version = 0L
+    var store: StateStore = p.getStore(0, None, false, false)
+    var working = Map.empty[Long, Long]
+    def check(step: Int, what: String): Unit = {
+      val actual = contents(store)
+      if (actual != working) {
+        val missing = working.keySet -- actual.keySet
+        val extra = actual.keySet -- working.keySet
+        val wrong = working.keySet.intersect(actual.keySet).filter(k => working(k) != actual(k))
+        fail(s"seed $seed, step $step ($what), version $version: store differs from the model: " +
+          s"missing ${missing.take(5)}, extra ${extra.take(5)}, wrong values ${wrong.take(5)}")
+      }
+      val k = rng.nextInt(keySpace).toLong
+      assert(get(store, k) == working.get(k), s"seed $seed, step $step ($what): get($k)")
+      assert(store.metrics.numKeys == working.size, s"seed $seed, step $step ($what): numKeys")
+    }
+    def open(v: Long): Unit = {
+      store = p.getStore(v, None, false, false); version = v; working = committed(v)
+    }
+    for (step <- 1 to steps) {
+      val roll = rng.nextInt(100)
+      val what =
+        if (roll < 45) {
+          val k = rng.nextInt(keySpace).toLong; val v = rng.nextLong()
+          put(store, k, v); working += k -> v; "put"
+        } else if (roll < 62) {
+          val k = rng.nextInt(keySpace).toLong
+          remove(store, k); working -= k; "remove"
+        } else if (roll < 74) {
+          assert(store.commit() == version + 1)
+          version += 1
+          // A commit below `latest` (after a reload) abandons the versions above it.
+          committed.keys.filter(_ >= version).foreach(committed.remove)
+          committed(version) = working
+          latest = version
+          floor = math.max(floor, latest - minRetain + 1)
+          committed.keys.filter(_ < floor).foreach(committed.remove)
+          open(version); "commit"
+        } else if (roll < 78) {
+          store.abort(); open(version); "abort"
+        } else if (roll < 88) {
+          val retained = committed.keys.toSeq.sorted
+          val target = retained(rng.nextInt(retained.size))
+          store.abort(); open(target); s"reload $target"
+        } else if (roll < 91) {
+          val retained = committed.keys.toSeq.sorted
+          val target = retained(rng.nextInt(retained.size))
+          store.abort(); p.close(); p = provider(root, confs, minVersionsToRetain = minRetain)
+          open(target); s"new provider at $target"
+        } else {
+          store.abort()
+          if (rng.nextBoolean()) p.doMaintenance() else { p.doSnapshotMaintenance(); p.doCleanupMaintenance() }
+          open(version); "maintenance"
+        }
+      check(step, what)
+    }
+    // In the end every retained version, read by a fresh provider, equals the model.
+    val fresh = provider(root, confs, minVersionsToRetain = minRetain)
+    for ((v, state) <- committed) {
+      assert(contents(fresh.getReadStore(v, None)) == state, s"seed $seed: fresh read of version $v")
+    }
+  }
+
+  test(s"random operations match a Map model ($steps steps per seed)") {
+    val seeds = sys.props.get("heapstate.seed").map(s => Seq(s.toLong))
+      .getOrElse(Seq.fill(3)(Random.nextLong()))
+    for (seed <- seeds) {
+      info(s"seed $seed")
+      try runOne(seed)
+      catch { case e: Throwable => Console.err.println(s"RandomizedModelSuite failed with seed $seed"); throw e }
+    }
+  }
+}

@@ -1,0 +1,73 @@
+package heapstate
+
+import java.nio.file.Files
+
+import org.apache.hadoop.conf.Configuration
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.catalyst.expressions.{UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.execution.streaming.state._
+import org.apache.spark.sql.internal.SQLConf
+import org.apache.spark.sql.types._
+import org.apache.spark.unsafe.types.UTF8String
+
+/** Builds providers on a temporary directory, and the rows the tests put in them. */
+object StoreFixture {
+  val keySchema: StructType = StructType(Seq(StructField("k", LongType, nullable = false)))
+  val valueSchema: StructType = StructType(Seq(StructField("v", LongType, nullable = false)))
+  /** For prefix scans: (group string, session start long), prefix = group. */
+  val prefixKeySchema: StructType = StructType(Seq(
+    StructField("g", StringType, nullable = false), StructField("t", LongType, nullable = false)))
+
+  private val longProj = UnsafeProjection.create(Array[DataType](LongType))
+  private val prefixKeyProj = UnsafeProjection.create(Array[DataType](StringType, LongType))
+  private val stringProj = UnsafeProjection.create(Array[DataType](StringType))
+
+  def row(n: Long): UnsafeRow = longProj(InternalRow(n)).copy()
+  def prefixKey(g: String, t: Long): UnsafeRow = prefixKeyProj(InternalRow(UTF8String.fromString(g), t)).copy()
+  def prefix(g: String): UnsafeRow = stringProj(InternalRow(UTF8String.fromString(g))).copy()
+
+  def tempDir(): String = Files.createTempDirectory("heapstate-test").toString
+
+  def storeConf(confs: Map[String, String] = Map.empty, minVersionsToRetain: Int = 10): StateStoreConf = {
+    val sql = new SQLConf()
+    sql.setConfString("spark.sql.streaming.minBatchesToRetain", minVersionsToRetain.toString)
+    sql.setConfString("spark.sql.streaming.stateStore.commitValidation.enabled", "false")
+    confs.foreach { case (k, v) => sql.setConfString(k, v) }
+    new StateStoreConf(sql)
+  }
+
+  def provider(
+      root: String,
+      confs: Map[String, String] = Map.empty,
+      minVersionsToRetain: Int = 10,
+      partition: Int = 0,
+      prefixScan: Boolean = false): HeapStateStoreProvider = {
+    val p = new HeapStateStoreProvider
+    val (ks, spec) =
+      if (prefixScan) (prefixKeySchema, PrefixKeyScanStateEncoderSpec(prefixKeySchema, 1))
+      else (keySchema, NoPrefixKeyStateEncoderSpec(keySchema))
+    p.init(StateStoreId(root, 0, partition), ks, valueSchema, spec, false,
+      storeConf(confs, minVersionsToRetain), new Configuration(), false, None)
+    p
+  }
+
+  def contents(store: ReadStateStore): Map[Long, Long] = {
+    val it = store.iterator(StateStore.DEFAULT_COL_FAMILY_NAME)
+    val out = scala.collection.mutable.Map.empty[Long, Long]
+    while (it.hasNext) {
+      val p = it.next()
+      val k = p.key.getLong(0)
+      assert(!out.contains(k), s"key $k returned twice by iterator")
+      out(k) = p.value.getLong(0)
+    }
+    out.toMap
+  }
+
+  def get(store: ReadStateStore, k: Long): Option[Long] =
+    Option(store.get(row(k), StateStore.DEFAULT_COL_FAMILY_NAME)).map(_.getLong(0))
+
+  def put(store: StateStore, k: Long, v: Long): Unit = store.put(row(k), row(v), StateStore.DEFAULT_COL_FAMILY_NAME)
+  def remove(store: StateStore, k: Long): Unit = store.remove(row(k), StateStore.DEFAULT_COL_FAMILY_NAME)
+
+  def storeDir(root: String, partition: Int = 0): java.io.File = new java.io.File(s"$root/0/$partition")
+}

@@ -1,6 +1,6 @@
 package heapstate.io
 
-import java.io.{DataInputStream, DataOutputStream, EOFException, FilterOutputStream, InputStream, OutputStream}
+import java.io.{BufferedInputStream, BufferedOutputStream, DataInputStream, DataOutputStream, EOFException, FilterOutputStream, InputStream, OutputStream}
 import java.nio.ByteBuffer
 import java.util.zip.CRC32C
 
@@ -39,6 +39,7 @@ object StateFileFormat {
 
   /** No key or value row Spark writes comes near this; a larger length means a damaged file. */
   val MaxRowBytes: Int = 256 * 1024 * 1024
+  val BufferBytes: Int = 1 << 16
 
   final case class Header(kind: Byte, codec: Codec, version: Long, partition: Int)
 
@@ -122,7 +123,9 @@ final class StateFileWriter(raw: OutputStream, header: StateFileFormat.Header) {
 
   raw.write(encodeHeader(header))
   private val body = new ChecksummedOutput(raw)
-  private val out = new DataOutputStream(header.codec.compress(body))
+  // Buffered above the codec: record fields are written a few bytes at a time, and a codec call
+  // (a JNI call for zstd) per field would cost more than the compression itself.
+  private val out = new DataOutputStream(new BufferedOutputStream(header.codec.compress(body), BufferBytes))
   private var records = 0L
 
   def put(key: Array[Byte], value: Array[Byte]): Unit = {
@@ -182,7 +185,7 @@ object StateFileReader {
         throw bad(s"it is a ${kindName(header.kind)}, expected a ${kindName(expectedKind)}")
       }
       val body = new ChecksummedInput(in, bodyLength)
-      val records = new DataInputStream(header.codec.decompress(body))
+      val records = new DataInputStream(new BufferedInputStream(header.codec.decompress(body), BufferBytes))
       def readRow(what: String): Array[Byte] = {
         val len = records.readInt()
         if (len < 0 || len > MaxRowBytes) throw bad(s"a $what length of $len bytes is impossible")

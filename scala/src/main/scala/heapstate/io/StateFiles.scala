@@ -6,7 +6,7 @@ import scala.util.control.NonFatal
 
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
-import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
+import org.apache.spark.sql.execution.streaming.checkpointing.{CheckpointFileManager, FileSystemBasedCheckpointFileManager}
 
 import heapstate.io.StateFileNames.{Journal, Kind, Snapshot, StateFile}
 
@@ -16,7 +16,7 @@ import heapstate.io.StateFileNames.{Journal, Kind, Snapshot, StateFile}
  * write is atomic: a reader sees the whole file or none of it.
  */
 final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int) {
-  private val fm = CheckpointFileManager.create(dir, hadoopConf)
+  private val fm = StateFiles.fileManager(dir, hadoopConf)
   @volatile private var dirReady = false
 
   /** Every heapstate file in the directory, by version then kind (journal before snapshot). */
@@ -75,6 +75,23 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
 }
 
 object StateFiles {
+  /** Spark's setting for the checkpoint file manager class; when set, it is always honoured. */
+  val FileManagerClassKey = "spark.sql.streaming.checkpointFileManagerClass"
+
+  /**
+   * Spark's default manager for a local path is the FileContext-based one, which, without
+   * Hadoop's native library, forks `readlink` and `chmod` processes for every file (about 40 ms
+   * per write on a 2-core machine, measured). The FileSystem-based manager writes the same
+   * temporary file and renames it, atomically on a local disk, in about 8 ms. Elsewhere (HDFS,
+   * object stores) and whenever the user names a manager, Spark's choice stands.
+   */
+  def fileManager(dir: Path, hadoopConf: Configuration): CheckpointFileManager = {
+    val local = hadoopConf.get(FileManagerClassKey) == null &&
+      dir.getFileSystem(hadoopConf).getScheme == "file"
+    if (local) new FileSystemBasedCheckpointFileManager(dir, hadoopConf)
+    else CheckpointFileManager.create(dir, hadoopConf)
+  }
+
   def missingJournal(dir: Path, version: Long): MissingStateFileException = {
     val path = StateFileNames.journal(dir, version)
     new MissingStateFileException(path, version, "it is missing, and no snapshot at or above an " +

@@ -1,0 +1,327 @@
+"""Pieces the heapstate benchmarks (W1 to W5) share.
+
+- ``PROVIDERS``: the state store providers compared side by side, with their Spark confs.
+- ``resolve_jar``: where the heapstate jar is, checked to really hold the provider class.
+- ``run_worker``: run one provider's measurement in its own Python (and so its own JVM), one
+  after another, so the runs never compete for the machine's cores. The worker's stderr goes to
+  a log file; only its progress lines (``PROGRESS_TAG``) are echoed to our stderr.
+- ``StateFiles``: byte accounting of a checkpoint's ``state`` folder between batches.
+- ``jvm_heap_after_gc``: the driver JVM's retained heap after full collections.
+- ``print_comparison`` and ``write_json``: the report, with each figure's ratio to HDFS.
+
+These modules are scripts' helpers, not a library: they are imported by the scripts in ``bench/``
+(Python puts a script's own folder on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_DIR = BENCH_DIR.parent
+RESULTS_DIR = BENCH_DIR / "results"
+DEFAULT_PYTHON = REPO_DIR / ".venv" / "bin" / "python"
+REPO_JAR = REPO_DIR / "target" / "heapstate.jar"
+
+HEAPSTATE_CLASS = "heapstate.HeapStateStoreProvider"
+HDFS_CLASS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+ROCKSDB_CLASS = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
+CHANGELOG_CONF = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
+MAINTENANCE_CONF = "spark.sql.streaming.stateStore.maintenanceInterval"
+
+PROGRESS_TAG = "[bench] "
+"""Prefix of a worker's stderr lines that the parent echoes; everything else goes to the log."""
+
+BASELINE = "hdfs"
+"""The provider every ratio is taken against."""
+
+
+@dataclass(frozen=True)
+class Provider:
+    """One side of the comparison: a provider class and the confs that select its variant."""
+
+    name: str
+    label: str
+    provider_class: str
+    confs: dict[str, str] = field(default_factory=dict)
+    needs_jar: bool = False
+
+    def spark_confs(self) -> dict[str, str]:
+        return {PROVIDER_CONF: self.provider_class, **self.confs}
+
+
+PROVIDERS: dict[str, Provider] = {
+    p.name: p
+    for p in (
+        Provider("hdfs", "HDFS", HDFS_CLASS),
+        Provider("rocksdb-changelog", "RocksDB+changelog", ROCKSDB_CLASS, {CHANGELOG_CONF: "true"}),
+        Provider("rocksdb", "RocksDB no changelog", ROCKSDB_CLASS, {CHANGELOG_CONF: "false"}),
+        Provider("heapstate", "heapstate", HEAPSTATE_CLASS, needs_jar=True),
+    )
+}
+"""Every provider, in the order they run by default: the baseline first."""
+
+
+def parse_providers(spec: str) -> list[Provider]:
+    """Parse ``--providers`` (comma-separated names, or ``all``) into providers, in that order."""
+    if spec.strip() == "all":
+        return list(PROVIDERS.values())
+    chosen: list[Provider] = []
+    for name in (n.strip() for n in spec.split(",") if n.strip()):
+        if name not in PROVIDERS:
+            raise SystemExit(
+                f"--providers: unknown provider {name!r}; choose from {', '.join(PROVIDERS)}"
+            )
+        if PROVIDERS[name] not in chosen:
+            chosen.append(PROVIDERS[name])
+    if not chosen:
+        raise SystemExit("--providers: no provider named")
+    return chosen
+
+
+def parse_confs(pairs: Iterable[str]) -> dict[str, str]:
+    """Parse repeated ``--conf key=value`` flags."""
+    confs: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--conf {pair!r}: expected key=value")
+        confs[key.strip()] = value.strip()
+    return confs
+
+
+def jar_has_provider(jar: Path) -> bool:
+    """Whether ``jar`` exists and holds the compiled heapstate provider class."""
+    entry = HEAPSTATE_CLASS.replace(".", "/") + ".class"
+    try:
+        with zipfile.ZipFile(jar) as zf:
+            return entry in zf.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def resolve_jar(explicit: str | None, python: str) -> Path:
+    """Find the heapstate jar: ``--jar``, then the ``heapstate`` package of ``python``, then the
+    build output ``target/heapstate.jar``. The first candidate holding the provider class wins."""
+    candidates: list[Path] = []
+    if explicit:
+        candidates.append(Path(explicit))
+    else:
+        probe = subprocess.run(
+            [python, "-c", "import heapstate; print(heapstate.jar_path())"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if probe.returncode == 0 and probe.stdout.strip():
+            candidates.append(Path(probe.stdout.strip()))
+        candidates.append(REPO_JAR)
+    for jar in candidates:
+        if jar_has_provider(jar):
+            return jar.resolve()
+    tried = ", ".join(str(c) for c in candidates)
+    raise SystemExit(
+        f"no heapstate jar holding {HEAPSTATE_CLASS} (tried {tried}); build it with bin/setup, "
+        "pass --jar, or leave heapstate out with --providers hdfs,rocksdb-changelog,rocksdb"
+    )
+
+
+def progress(message: str) -> None:
+    """Print one progress line on stderr, tagged so that a parent process echoes it."""
+    # One write, so that the JVM's own stderr lines cannot land inside ours.
+    sys.stderr.write(PROGRESS_TAG + message + "\n")
+    sys.stderr.flush()
+
+
+def run_worker(
+    python: str,
+    script: Path,
+    args: Sequence[str],
+    log_path: Path,
+    env: dict[str, str] | None = None,
+) -> None:
+    """Run ``python script args...`` to completion, appending its output to ``log_path`` and
+    echoing its progress lines. Raises ``RuntimeError`` naming the log if it fails."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [python, str(script), *args]
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    with log_path.open("a") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.PIPE, text=True, env=full_env, bufsize=1
+        )
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            log.write(line)
+            if line.startswith(PROGRESS_TAG):
+                sys.stderr.write(line[len(PROGRESS_TAG) :])
+                sys.stderr.flush()
+        rc = proc.wait()
+    if rc != 0:
+        tail = log_path.read_text(errors="replace").splitlines()[-15:]
+        raise RuntimeError(
+            f"worker {' '.join(args[:2])} failed with exit code {rc}; full log in {log_path}; "
+            "it ends with:\n  " + "\n  ".join(tail)
+        )
+
+
+def pyspark_submit_args(driver_memory: str, jars: Sequence[Path] = ()) -> str:
+    """``PYSPARK_SUBMIT_ARGS`` for a worker: the driver's heap must be set before the JVM starts,
+    which a SparkSession builder conf cannot do once ``pyspark`` launches the gateway."""
+    parts = ["--driver-memory", driver_memory]
+    if jars:
+        parts += ["--jars", ",".join(str(j) for j in jars)]
+    return " ".join([*parts, "pyspark-shell"])
+
+
+class StateFiles:
+    """Byte accounting of a checkpoint's ``state`` folder, one inventory per batch.
+
+    Cleanup (maintenance) can delete files between two looks, so two figures are kept:
+    ``delta`` is the change of the folder's total, which can be negative, and ``new`` is the
+    bytes of files that appeared (or grew) since the last look, i.e. what was written.
+    """
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+        self.sizes: dict[str, int] = {}
+
+    def inventory(self) -> dict[str, int]:
+        sizes: dict[str, int] = {}
+        if not self.state_dir.exists():
+            return sizes
+        for root, _dirs, files in os.walk(self.state_dir):
+            for name in files:
+                path = os.path.join(root, name)
+                try:
+                    sizes[os.path.relpath(path, self.state_dir)] = os.path.getsize(path)
+                except FileNotFoundError:  # deleted by maintenance while we walked
+                    continue
+        return sizes
+
+    def step(self) -> dict[str, int]:
+        """Take a new inventory; return ``total``, ``delta``, ``new`` bytes and ``files``."""
+        now = self.inventory()
+        new = sum(
+            size - self.sizes.get(path, 0)
+            for path, size in now.items()
+            if size > self.sizes.get(path, 0)
+        )
+        total = sum(now.values())
+        delta = total - sum(self.sizes.values())
+        self.sizes = now
+        return {"total": total, "delta": delta, "new": new, "files": len(now)}
+
+
+def jvm_heap_after_gc(spark: Any, rounds: int = 3) -> dict[str, int]:
+    """The driver JVM's heap use after ``rounds`` full collections (``MemoryMXBean.gc``).
+
+    With ``local[*]`` the executor lives in the driver JVM, so this includes every loaded state
+    store. ``used`` is what survives the collections; ``committed`` is what the JVM holds.
+    """
+    jvm = spark.sparkContext._jvm
+    bean = jvm.java.lang.management.ManagementFactory.getMemoryMXBean()
+    for _ in range(rounds):
+        bean.gc()
+        time.sleep(0.2)
+    usage = bean.getHeapMemoryUsage()
+    return {
+        "used": int(usage.getUsed()),
+        "committed": int(usage.getCommitted()),
+        "max": int(usage.getMax()),
+    }
+
+
+def median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def maximum(values: Sequence[float]) -> float | None:
+    return max(values) if values else None
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One row of the comparison table: a key into each provider's summary and its format."""
+
+    key: str
+    label: str
+    fmt: Callable[[float], str]
+
+
+def fmt_ms(value: float) -> str:
+    return f"{value:,.0f} ms"
+
+
+def fmt_bytes(value: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:,.2f} {unit}"
+    return f"{value:,.0f} B"
+
+
+def ratio(value: float | None, base: float | None) -> float | None:
+    if value is None or base is None or base == 0:
+        return None
+    return value / base
+
+
+def print_comparison(
+    title: str,
+    metrics: Sequence[Metric],
+    summaries: dict[str, dict[str, Any]],
+    out: Any = sys.stdout,
+) -> None:
+    """Print one row per metric and one column per provider: the figure and its ratio to HDFS.
+
+    ``summaries`` maps a provider name (a key of ``PROVIDERS``) to its figures.
+    """
+    names = list(summaries)
+    base = summaries.get(BASELINE, {})
+    cells: list[list[str]] = [["", *(PROVIDERS[n].label for n in names)]]
+    for metric in metrics:
+        row = [metric.label]
+        for name in names:
+            value = summaries[name].get(metric.key)
+            if value is None:
+                row.append("-")
+                continue
+            text = metric.fmt(value)
+            r = ratio(value, base.get(metric.key))
+            if r is not None and name != BASELINE:
+                text += f" ({r:.2f}x)"
+            row.append(text)
+        cells.append(row)
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    print(title, file=out)
+    for i, row in enumerate(cells):
+        line = "  ".join(
+            cell.ljust(widths[j]) if j == 0 else cell.rjust(widths[j]) for j, cell in enumerate(row)
+        )
+        print(line.rstrip(), file=out)
+        if i == 0:
+            print("  ".join("-" * w for w in widths), file=out)
+    if BASELINE in summaries:
+        print(f"(ratios are against {PROVIDERS[BASELINE].label})", file=out)
+
+
+def timestamp() -> str:
+    return time.strftime("%Y%m%d-%H%M%S")
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n")
+    return path

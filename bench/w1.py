@@ -1,0 +1,671 @@
+"""W1, incremental checkpoint: what each state store provider writes and spends per batch.
+
+Compares heapstate, HDFS and RocksDB (with and without changelog checkpointing) side by side in
+one invocation, as W1 in the project's BENCHMARKS.md describes::
+
+    .venv/bin/python bench/w1.py --size small
+    .venv/bin/python bench/w1.py --size default --providers hdfs,rocksdb-changelog,heapstate
+    .venv/bin/python bench/w1.py --keys 200000 --payload 128 --updates 5000 --batches 10
+    .venv/bin/python bench/w1.py --size small --python .venv-spark43/bin/python
+
+The data: K keys (``k long``), each with a payload of P random-looking hex characters (sha2 of
+the key and the batch). Batch 0 inserts every key; each later batch updates U keys drawn with a
+seeded generator. One parquet file per batch, generated once with Spark and cached under
+``bench/results/data/``. The query, ``groupBy(k).agg(last(v), count(*))`` in update mode into a
+noop sink on ``local[2]`` with 4 shuffle partitions, reads the folder with
+``maxFilesPerTrigger=1``: the script drops one file at a time and waits for its batch, so every
+batch is exactly one file.
+
+Each provider runs in its own Python and JVM, one after another, so runs never share the two
+cores. After the batches, a restart in a fresh process (cold: no state in memory) drops one more
+file and times that first batch.
+
+It prints, per provider and with ratios to HDFS: median and max trigger ms (batches 2 and later),
+median commit ms, ``memoryUsedBytes``, the JVM's retained heap after full GCs, the bytes each batch
+adds under ``<checkpoint>/state`` (median, and max), the total after the last batch and the
+restart's first batch. Then heapstate's pass/fail lines for W1's targets. JSON with every
+per-batch figure goes to ``bench/results/w1-<timestamp>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from _common import (
+    BASELINE,
+    DEFAULT_PYTHON,
+    MAINTENANCE_CONF,
+    PROVIDERS,
+    REPO_DIR,
+    RESULTS_DIR,
+    Metric,
+    Provider,
+    StateFiles,
+    fmt_bytes,
+    fmt_ms,
+    jvm_heap_after_gc,
+    maximum,
+    median,
+    parse_confs,
+    parse_providers,
+    print_comparison,
+    progress,
+    pyspark_submit_args,
+    resolve_jar,
+    run_worker,
+    timestamp,
+    write_json,
+)
+
+SCRIPT = Path(__file__).resolve()
+STEADY_FROM = 2
+"""Trigger and commit figures are taken over batches with this id and later: batch 0 loads every
+key and batch 1 is the first to update them (class loading, JIT, first delta)."""
+
+
+@dataclass(frozen=True)
+class Size:
+    keys: int
+    payload: int
+    updates: int
+    batches: int
+
+
+SIZES: dict[str, Size] = {
+    "small": Size(keys=20_000, payload=256, updates=2_000, batches=6),
+    "default": Size(keys=1_000_000, payload=256, updates=10_000, batches=15),
+    "k4m": Size(keys=4_000_000, payload=64, updates=10_000, batches=15),
+    "k100k": Size(keys=100_000, payload=256, updates=10_000, batches=15),
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Worker side: runs inside the per-provider (or data-generating) Python process.
+
+
+def _session(spec: dict[str, Any]) -> Any:
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName(f"heapstate-bench-w1-{spec.get('provider', 'data')}")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.ui.enabled", "false")
+    )
+    for key, value in spec.get("spark_confs", {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def _batch_file(data_dir: Path, batch: int) -> Path:
+    return data_dir / f"batch-{batch:05d}.parquet"
+
+
+def _payload_column(batch: int, width: int) -> Any:
+    """``width`` hex characters: sha2 of ``k:batch``, then of ``k:batch:j`` for j = 1, 2, ...
+    concatenated, so the payload never compresses like a repeated string."""
+    from pyspark.sql import functions as F
+
+    k = F.col("k").cast("string")
+    pieces = [F.sha2(F.concat(k, F.lit(f":{batch}")), 256)]
+    for j in range(1, math.ceil(width / 64)):
+        pieces.append(F.sha2(F.concat(k, F.lit(f":{batch}:{j}")), 256))
+    return F.substring(F.concat(*pieces), 1, width)
+
+
+def update_keys(keys: int, updates: int, seed: int, batch: int) -> list[int]:
+    """The keys batch ``batch`` (1 or later) updates: ``updates`` distinct keys, seeded."""
+    return random.Random(f"{seed}:{batch}").sample(range(keys), min(updates, keys))
+
+
+def worker_generate(spec: dict[str, Any]) -> None:
+    """Write the missing batch files: batch 0 has every key, later batches U seeded keys."""
+    data_dir = Path(spec["data_dir"])
+    data_dir.mkdir(parents=True, exist_ok=True)
+    missing = [b for b in range(spec["files"]) if not _batch_file(data_dir, b).exists()]
+    if not missing:
+        return
+    spark = _session(spec)
+    try:
+        for batch in missing:
+            started = time.monotonic()
+            if batch == 0:
+                keys = spark.range(spec["keys"]).withColumnRenamed("id", "k")
+            else:
+                chosen = update_keys(spec["keys"], spec["updates"], spec["seed"], batch)
+                keys = spark.createDataFrame([(k,) for k in chosen], "k long")
+            frame = keys.select("k", _payload_column(batch, spec["payload"]).alias("v"))
+            tmp = Path(tempfile.mkdtemp(prefix=f".gen-{batch}-", dir=data_dir))
+            frame.coalesce(1).write.mode("overwrite").parquet(str(tmp / "out"))
+            (part,) = sorted((tmp / "out").glob("part-*.parquet"))
+            os.replace(part, _batch_file(data_dir, batch))
+            shutil.rmtree(tmp)
+            progress(
+                f"data: batch {batch} written ({time.monotonic() - started:.1f} s, "
+                f"{fmt_bytes(_batch_file(data_dir, batch).stat().st_size)})"
+            )
+    finally:
+        spark.stop()
+
+
+def _drop_file(data_dir: Path, input_dir: Path, batch: int) -> None:
+    """Copy batch ``batch``'s file into the source folder atomically: the file source skips
+    names starting with a dot, so the copy becomes visible only when it is renamed."""
+    source = _batch_file(data_dir, batch)
+    hidden = input_dir / f".{source.name}.tmp"
+    shutil.copyfile(source, hidden)
+    os.replace(hidden, input_dir / source.name)
+
+
+def _start_query(spark: Any, input_dir: Path, checkpoint: Path) -> Any:
+    from pyspark.sql import functions as F
+
+    stream = (
+        spark.readStream.schema("k long, v string")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(input_dir))
+    )
+    counts = stream.groupBy("k").agg(F.last("v").alias("v"), F.count("*").alias("n"))
+    return (
+        counts.writeStream.format("noop")
+        .outputMode("update")
+        .option("checkpointLocation", str(checkpoint))
+        .start()
+    )
+
+
+def _progress_of(query: Any, batch: int, timeout_s: float = 3600.0) -> dict[str, Any]:
+    """Wait for batch ``batch`` to finish and return its progress as plain JSON.
+
+    ``processAllAvailable`` can return early when a trigger that listed the folder before the
+    file landed reports "no new data", so it is repeated until the batch's progress appears.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        query.processAllAvailable()
+        for jprogress in query._jsq.recentProgress():
+            p = json.loads(jprogress.json())
+            if p.get("batchId") == batch and p.get("numInputRows", 0) > 0:
+                return p
+        if query.exception() is not None:
+            raise RuntimeError(f"the query failed before batch {batch}: {query.exception()}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"batch {batch} did not finish within {timeout_s:.0f} s")
+        time.sleep(0.05)
+
+
+def _batch_record(p: dict[str, Any], wall_ms: float, files: dict[str, int]) -> dict[str, Any]:
+    ops = p.get("stateOperators") or [{}]
+    op = ops[0]
+    return {
+        "batch": p["batchId"],
+        "trigger_ms": p["durationMs"].get("triggerExecution"),
+        "commit_ms": op.get("commitTimeMs"),
+        "memory_used_bytes": op.get("memoryUsedBytes"),
+        "num_rows_total": op.get("numRowsTotal"),
+        "num_rows_updated": op.get("numRowsUpdated"),
+        "input_rows": p.get("numInputRows"),
+        "wall_ms": round(wall_ms, 1),
+        "state_bytes_total": files["total"],
+        "state_bytes_delta": files["delta"],
+        "state_bytes_new": files["new"],
+        "state_files": files["files"],
+        "duration_ms": p["durationMs"],
+        "custom_metrics": op.get("customMetrics", {}),
+    }
+
+
+def _run_one_batch(
+    spark_query: Any, spec: dict[str, Any], batch: int, files: StateFiles
+) -> dict[str, Any]:
+    data_dir, input_dir = Path(spec["data_dir"]), Path(spec["work_dir"]) / "input"
+    started = time.monotonic()
+    _drop_file(data_dir, input_dir, batch)
+    p = _progress_of(spark_query, batch)
+    wall_ms = (time.monotonic() - started) * 1000
+    return _batch_record(p, wall_ms, files.step())
+
+
+def _describe(provider: str, what: str, rec: dict[str, Any]) -> str:
+    return (
+        f"{provider:<18} {what}: trigger {fmt_ms(rec['trigger_ms'] or 0)}, "
+        f"commit {fmt_ms(rec['commit_ms'] or 0)}, state +{fmt_bytes(rec['state_bytes_new'])} "
+        f"(total {fmt_bytes(rec['state_bytes_total'])}), "
+        f"memoryUsed {fmt_bytes(rec['memory_used_bytes'] or 0)}"
+    )
+
+
+def _restart(spark: Any, spec: dict[str, Any], files: StateFiles) -> dict[str, Any]:
+    """Start a new query on the checkpoint, with the next file already in place, and time it."""
+    work = Path(spec["work_dir"])
+    batch = spec["batches"]
+    _drop_file(Path(spec["data_dir"]), work / "input", batch)
+    started = time.monotonic()
+    query = _start_query(spark, work / "input", work / "checkpoint")
+    try:
+        p = _progress_of(query, batch)
+        wall_ms = (time.monotonic() - started) * 1000
+    finally:
+        query.stop()
+    rec = _batch_record(p, wall_ms, files.step())
+    rec["mode"] = spec["restart"]
+    rec["state_bytes_before"] = rec["state_bytes_total"] - rec["state_bytes_delta"]
+    progress(_describe(spec["provider"], f"restart, batch {batch} ({spec['restart']})", rec))
+    return rec
+
+
+def _environment(spark: Any) -> dict[str, Any]:
+    jvm = spark.sparkContext._jvm
+    runtime = jvm.java.lang.Runtime.getRuntime()
+    return {
+        "spark_version": spark.version,
+        "python": platform.python_version(),
+        "java_version": jvm.java.lang.System.getProperty("java.version"),
+        "jvm_max_heap": int(runtime.maxMemory()),
+        "available_processors": int(runtime.availableProcessors()),
+    }
+
+
+def worker_run(spec: dict[str, Any]) -> None:
+    """Run the batches on a fresh checkpoint; optionally restart in this same process."""
+    work = Path(spec["work_dir"])
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "input").mkdir(parents=True)
+    spark = _session(spec)
+    try:
+        result: dict[str, Any] = {
+            "environment": _environment(spark),
+            "maintenance_interval": spark.conf.get(MAINTENANCE_CONF),
+            "heap_baseline": jvm_heap_after_gc(spark),
+        }
+        files = StateFiles(work / "checkpoint" / "state")
+        query = _start_query(spark, work / "input", work / "checkpoint")
+        batches = []
+        try:
+            for batch in range(spec["batches"]):
+                rec = _run_one_batch(query, spec, batch, files)
+                batches.append(rec)
+                progress(_describe(spec["provider"], f"batch {batch}/{spec['batches'] - 1}", rec))
+            # Taken while the query is live, so the loaded state stores count.
+            result["heap_after"] = jvm_heap_after_gc(spark)
+        finally:
+            query.stop()
+        result["batches"] = batches
+        if spec["restart"] == "same-process":
+            result["restart"] = _restart(spark, spec, files)
+        Path(spec["out"]).write_text(json.dumps(result, indent=2) + "\n")
+    finally:
+        spark.stop()
+
+
+def _warm_up(spark: Any, spec: dict[str, Any]) -> list[float]:
+    """Run the same query with the same provider over two small batches (data files 1 and 2) on
+    a scratch checkpoint, so that the restart's figure is loading the state, not the JVM's start
+    (class loading, JIT, code generation). Returns the warm-up batches' trigger ms."""
+    scratch = Path(spec["work_dir"]) / "warmup"
+    shutil.rmtree(scratch, ignore_errors=True)
+    (scratch / "input").mkdir(parents=True)
+    query = _start_query(spark, scratch / "input", scratch / "checkpoint")
+    triggers = []
+    try:
+        for batch, data_file in enumerate((1, 2)):
+            _drop_file(Path(spec["data_dir"]), scratch / "input", data_file)
+            triggers.append(_progress_of(query, batch)["durationMs"]["triggerExecution"])
+    finally:
+        query.stop()
+    shutil.rmtree(scratch, ignore_errors=True)
+    progress(f"{spec['provider']:<18} restart warm-up: triggers {triggers} ms")
+    return triggers
+
+
+def worker_restart(spec: dict[str, Any]) -> None:
+    """Restart from the checkpoint in a fresh JVM: no provider has state in memory."""
+    files = StateFiles(Path(spec["work_dir"]) / "checkpoint" / "state")
+    files.sizes = files.inventory()
+    spark = _session(spec)
+    try:
+        warmup = _warm_up(spark, spec) if spec["restart_warmup"] else None
+        result = {"restart": {**_restart(spark, spec, files), "warmup_trigger_ms": warmup}}
+        Path(spec["out"]).write_text(json.dumps(result, indent=2) + "\n")
+    finally:
+        spark.stop()
+
+
+WORKERS = {"generate": worker_generate, "run": worker_run, "restart": worker_restart}
+
+
+# --------------------------------------------------------------------------------------------
+# Parent side: plans the runs, launches the workers one after another, reports.
+
+
+def summarize(run: dict[str, Any]) -> dict[str, Any]:
+    """The figures W1 reports for one provider, from its per-batch series."""
+    batches = run["batches"]
+    steady = [b for b in batches if b["batch"] >= STEADY_FROM]
+    updates = [b for b in batches if b["batch"] >= 1]
+    trigger = [b["trigger_ms"] for b in steady if b["trigger_ms"] is not None]
+    commit = [b["commit_ms"] for b in steady if b["commit_ms"] is not None]
+    restart = run.get("restart") or {}
+    heap_after = run.get("heap_after", {}).get("used")
+    heap_base = run.get("heap_baseline", {}).get("used")
+    return {
+        "trigger_ms_median": median(trigger),
+        "trigger_ms_max": maximum(trigger),
+        "commit_ms_median": median(commit),
+        "memory_used_bytes": batches[-1]["memory_used_bytes"] if batches else None,
+        "heap_retained_bytes": heap_after,
+        "heap_retained_over_baseline_bytes": (
+            heap_after - heap_base if heap_after is not None and heap_base is not None else None
+        ),
+        "bytes_per_batch_median": median([b["state_bytes_new"] for b in updates]),
+        "bytes_per_batch_max": maximum([b["state_bytes_new"] for b in batches]),
+        "bytes_per_batch_max_updates": maximum([b["state_bytes_new"] for b in updates]),
+        "state_bytes_total": batches[-1]["state_bytes_total"] if batches else None,
+        "state_bytes_before_restart": restart.get("state_bytes_before"),
+        "restart_trigger_ms": restart.get("trigger_ms"),
+        "restart_wall_ms": restart.get("wall_ms"),
+    }
+
+
+METRICS = [
+    Metric("trigger_ms_median", f"median trigger (batch >= {STEADY_FROM})", fmt_ms),
+    Metric("trigger_ms_max", f"max trigger (batch >= {STEADY_FROM})", fmt_ms),
+    Metric("commit_ms_median", f"median commit (batch >= {STEADY_FROM})", fmt_ms),
+    Metric("memory_used_bytes", "memoryUsedBytes (last batch)", fmt_bytes),
+    Metric("heap_retained_bytes", "heap after full GC", fmt_bytes),
+    Metric("heap_retained_over_baseline_bytes", "  of which since query start", fmt_bytes),
+    Metric("bytes_per_batch_median", "state bytes/batch median (>= 1)", fmt_bytes),
+    Metric("bytes_per_batch_max", "state bytes/batch max (all)", fmt_bytes),
+    Metric("bytes_per_batch_max_updates", "state bytes/batch max (>= 1)", fmt_bytes),
+    Metric("state_bytes_total", "state bytes total (last batch)", fmt_bytes),
+    Metric("state_bytes_before_restart", "state bytes total before restart", fmt_bytes),
+    Metric("restart_trigger_ms", "restart: first batch trigger", fmt_ms),
+    Metric("restart_wall_ms", "restart: start to first batch", fmt_ms),
+]
+
+
+def targets(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """W1's issue targets for heapstate, each with its figures and a verdict (None: not run)."""
+    hs = summaries.get("heapstate")
+    base = summaries.get(BASELINE)
+
+    def check(
+        name: str, key: str, factor: float, against: dict[str, Any] | None, ref: str
+    ) -> dict[str, Any]:
+        value = hs.get(key) if hs else None
+        bound = against.get(ref) if against else None
+        limit = bound * factor if bound is not None else None
+        ok = None if value is None or limit is None else value <= limit
+        return {"target": name, "value": value, "limit": limit, "pass": ok}
+
+    return [
+        check(
+            "median bytes/batch <= 0.6x HDFS",
+            "bytes_per_batch_median",
+            0.6,
+            base,
+            "bytes_per_batch_median",
+        ),
+        check(
+            "total checkpoint bytes <= 0.6x HDFS",
+            "state_bytes_total",
+            0.6,
+            base,
+            "state_bytes_total",
+        ),
+        check("median commit ms <= HDFS", "commit_ms_median", 1.0, base, "commit_ms_median"),
+        check("memoryUsedBytes <= HDFS", "memory_used_bytes", 1.0, base, "memory_used_bytes"),
+        check(
+            f"max trigger <= 2x median (batch >= {STEADY_FROM})",
+            "trigger_ms_max",
+            2.0,
+            hs,
+            "trigger_ms_median",
+        ),
+    ]
+
+
+def print_targets(results: list[dict[str, Any]]) -> None:
+    print("\nW1 targets for heapstate:")
+    for t in results:
+        verdict = {True: "PASS", False: "FAIL", None: "n/a "}[t["pass"]]
+        detail = ""
+        if t["value"] is not None and t["limit"] is not None:
+            detail = f"  ({t['value']:,.0f} vs limit {t['limit']:,.0f})"
+        elif t["pass"] is None:
+            detail = "  (needs heapstate and HDFS in the same run)"
+        print(f"  {verdict}  {t['target']}{detail}")
+
+
+def _git_state() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        out = subprocess.run(
+            ["git", "-C", str(REPO_DIR), *args], capture_output=True, text=True, check=False
+        )
+        return out.stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--size", choices=sorted(SIZES), default="small")
+    parser.add_argument("--keys", type=int, help="K: keys inserted by batch 0")
+    parser.add_argument("--payload", type=int, help="P: hex characters per value")
+    parser.add_argument("--updates", type=int, help="U: keys updated by each later batch")
+    parser.add_argument("--batches", type=int, help="batches before the restart (at least 3)")
+    parser.add_argument("--seed", type=int, default=42, help="seed of the updated keys")
+    parser.add_argument(
+        "--providers",
+        default="all",
+        help=f"comma-separated, run in this order: {','.join(PROVIDERS)} (default: all)",
+    )
+    parser.add_argument("--python", default=str(DEFAULT_PYTHON), help="the workers' Python")
+    parser.add_argument("--jar", help="the heapstate jar (default: heapstate.jar_path())")
+    parser.add_argument("--driver-memory", default="6g", help="every run's driver heap")
+    parser.add_argument(
+        "--restart",
+        choices=["fresh-process", "same-process", "none"],
+        default="fresh-process",
+        help="where the restart runs: a new JVM (cold, the default) or the same one",
+    )
+    parser.add_argument(
+        "--restart-warmup",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="in a fresh-process restart, first warm the JVM up on a scratch checkpoint",
+    )
+    parser.add_argument("--maintenance-interval", help=f"sets {MAINTENANCE_CONF}")
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an extra Spark conf for every provider (repeatable)",
+    )
+    parser.add_argument("--data-dir", help="cache of generated batches (default: bench/results)")
+    parser.add_argument("--work-dir", help="where checkpoints go (default: a temporary folder)")
+    parser.add_argument("--keep", action="store_true", help="keep checkpoints after the run")
+    parser.add_argument("--out", help="the JSON report (default: bench/results/w1-<time>.json)")
+    parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
+    parser.add_argument("--spec", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    size = SIZES[args.size]
+    args.keys = args.keys if args.keys is not None else size.keys
+    args.payload = args.payload if args.payload is not None else size.payload
+    args.updates = args.updates if args.updates is not None else size.updates
+    args.batches = args.batches if args.batches is not None else size.batches
+    if args.batches < STEADY_FROM + 1:
+        parser.error(f"--batches must be at least {STEADY_FROM + 1}")
+    if min(args.keys, args.payload, args.updates) < 1:
+        parser.error("--keys, --payload and --updates must be positive")
+    return args
+
+
+def _spec_file(work_root: Path, name: str, spec: dict[str, Any]) -> Path:
+    path = work_root / f"{name}.spec.json"
+    path.write_text(json.dumps(spec, indent=2))
+    return path
+
+
+def run_provider(
+    python: str, spec: dict[str, Any], work_root: Path, log_dir: Path, env: dict[str, str]
+) -> dict[str, Any]:
+    """One provider's batches in a worker process, then its restart in a second one unless the
+    restart runs in the first (``same-process``) or not at all."""
+    name = spec["provider"]
+    log = log_dir / f"{name}.log"
+    phases = ["run"] + (["restart"] if spec["restart"] == "fresh-process" else [])
+    run: dict[str, Any] = {"spark_confs": spec["spark_confs"]}
+    for phase in phases:
+        phase_spec = {**spec, "out": str(work_root / f"{name}.{phase}.json")}
+        spec_path = _spec_file(work_root, f"{name}.{phase}", phase_spec)
+        run_worker(python, SCRIPT, ["--worker", phase, "--spec", str(spec_path)], log, env)
+        run.update(json.loads(Path(phase_spec["out"]).read_text()))
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        WORKERS[args.worker](json.loads(Path(args.spec).read_text()))
+        return 0
+
+    providers: list[Provider] = parse_providers(args.providers)
+    python = args.python
+    if not Path(python).exists():
+        raise SystemExit(f"--python {python}: no such interpreter (run bin/setup first?)")
+    jar = resolve_jar(args.jar, python) if any(p.needs_jar for p in providers) else None
+    confs = parse_confs(args.conf)
+    if args.maintenance_interval:
+        confs[MAINTENANCE_CONF] = args.maintenance_interval
+
+    stamp = timestamp()
+    out = Path(args.out) if args.out else RESULTS_DIR / f"w1-{stamp}.json"
+    log_dir = out.with_suffix(".logs")
+    data_dir = (
+        Path(args.data_dir)
+        if args.data_dir
+        else (
+            RESULTS_DIR / "data" / f"w1-k{args.keys}-p{args.payload}-u{args.updates}-s{args.seed}"
+        )
+    )
+    work_root = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="w1-"))
+    work_root.mkdir(parents=True, exist_ok=True)
+    jar_copy, jar_info = None, None
+    if jar is not None:  # a private copy: a rebuild during the run must not change the classes
+        jar_copy = work_root / "heapstate.jar"
+        shutil.copyfile(jar, jar_copy)
+        jar_info = {"path": str(jar), "sha256": hashlib.sha256(jar_copy.read_bytes()).hexdigest()}
+    submit_env = {"PYSPARK_SUBMIT_ARGS": pyspark_submit_args(args.driver_memory)}
+    params = {
+        "keys": args.keys,
+        "payload": args.payload,
+        "updates": args.updates,
+        "batches": args.batches,
+        "seed": args.seed,
+    }
+    progress(
+        f"W1: K={args.keys:,} P={args.payload} U={args.updates:,} batches={args.batches}, "
+        f"providers {', '.join(p.name for p in providers)}; logs in {log_dir}"
+    )
+
+    gen_spec = {**params, "files": args.batches + 1, "data_dir": str(data_dir)}
+    run_worker(
+        python,
+        SCRIPT,
+        ["--worker", "generate", "--spec", str(_spec_file(work_root, "generate", gen_spec))],
+        log_dir / "generate.log",
+        submit_env,
+    )
+
+    runs: dict[str, dict[str, Any]] = {}
+    failures: dict[str, str] = {}
+    try:
+        for provider in providers:
+            env = dict(submit_env)
+            if provider.needs_jar:
+                assert jar_copy is not None
+                env["PYSPARK_SUBMIT_ARGS"] = pyspark_submit_args(args.driver_memory, [jar_copy])
+            spec = {
+                **params,
+                "provider": provider.name,
+                "data_dir": str(data_dir),
+                "work_dir": str(work_root / provider.name),
+                "spark_confs": {**provider.spark_confs(), **confs},
+                "restart": args.restart,
+                "restart_warmup": args.restart_warmup,
+            }
+            try:
+                runs[provider.name] = run_provider(python, spec, work_root, log_dir, env)
+            except RuntimeError as err:  # one provider failing must not lose the others
+                failures[provider.name] = str(err)
+                progress(f"{provider.name}: FAILED: {err}")
+            if not args.keep:
+                shutil.rmtree(work_root / provider.name, ignore_errors=True)
+    finally:
+        if not args.keep and not args.work_dir:
+            shutil.rmtree(work_root, ignore_errors=True)
+    if not runs:
+        raise SystemExit(f"every provider failed; logs in {log_dir}")
+
+    summaries = {name: summarize(run) for name, run in runs.items()}
+    environment = next(iter(runs.values()))["environment"]
+    title = (
+        f"\nW1 incremental checkpoint: K={args.keys:,} P={args.payload} U={args.updates:,} "
+        f"batches={args.batches}, Spark {environment['spark_version']}, "
+        f"driver {args.driver_memory}, restart {args.restart}"
+        + (" after warm-up" if args.restart == "fresh-process" and args.restart_warmup else "")
+    )
+    print_comparison(title, METRICS, summaries)
+    verdicts = targets(summaries)
+    if "heapstate" in summaries:
+        print_targets(verdicts)
+
+    report = {
+        "benchmark": "W1",
+        "timestamp": stamp,
+        "params": params,
+        "size": args.size,
+        "driver_memory": args.driver_memory,
+        "restart_mode": args.restart,
+        "restart_warmup": args.restart_warmup and args.restart == "fresh-process",
+        "steady_from_batch": STEADY_FROM,
+        "maintenance_interval": {n: r.get("maintenance_interval") for n, r in runs.items()},
+        "heapstate_jar": jar_info,
+        "python": python,
+        "host": {"machine": platform.machine(), "cpus": os.cpu_count()},
+        "git": _git_state(),
+        "environment": environment,
+        "providers": {p.name: asdict(p) for p in providers},
+        "summary": summaries,
+        "targets": verdicts if "heapstate" in summaries else [],
+        "runs": runs,
+        "failures": failures,
+    }
+    print(f"\nJSON: {write_json(out, report)}")
+    for name, err in failures.items():
+        print(f"{name} FAILED (see {log_dir / (name + '.log')}): {err.splitlines()[0]}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -61,7 +61,7 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
   }
 
   /** Reads `file`, handing records to the callbacks; see [[StateFileReader]] for the guarantees. */
-  def read(file: StateFile)(onPut: (Array[Byte], Array[Byte]) => Unit, onDelete: Array[Byte] => Unit): Unit = {
+  def read(file: StateFile)(onPut: (Array[Byte], Array[Byte]) => Unit, onDelete: Array[Byte] => Unit): StateFileFormat.Header = {
     val kindByte = if (file.kind == Journal) StateFileFormat.KindJournal else StateFileFormat.KindSnapshot
     val in =
       try fm.open(file.path)

@@ -53,3 +53,19 @@ lazy val root = (project in file("."))
     ),
     Test / testOptions += Tests.Argument(TestFrameworks.ScalaTest, "-oD")
   )
+
+// Benchmarks that drive StateStore directly (W3). Not part of `bin/sbt test`; run with
+// `bin/sbt "bench/run --size small"` or bench/w3.sh.
+lazy val bench = (project in file("bench"))
+  .dependsOn(root)
+  .settings(
+    name := "heapstate-bench",
+    Compile / scalaSource := baseDirectory.value / "scala",
+    Compile / resourceDirectory := baseDirectory.value / "resources",
+    Compile / unmanagedJars ++= (root / sparkJarsDir).map(d => (d ** "*.jar").classpath).value,
+    run / fork := true,
+    run / connectInput := false,
+    run / baseDirectory := (root / baseDirectory).value,
+    run / javaOptions ++= Seq("-Xms6g", "-Xmx6g") ++ (root / Test / javaOptions).value.filter(_.startsWith("--add-opens")),
+    run / outputStrategy := Some(StdoutOutput)
+  )

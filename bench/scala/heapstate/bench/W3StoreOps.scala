@@ -1,0 +1,236 @@
+package heapstate.bench
+
+import java.io.File
+import java.lang.management.ManagementFactory
+import java.nio.file.{Files, Paths}
+import java.time.LocalDateTime
+import java.time.format.DateTimeFormatter
+import java.util.UUID
+
+import scala.collection.mutable
+
+import com.fasterxml.jackson.databind.ObjectMapper
+import org.apache.hadoop.conf.Configuration
+import org.apache.spark.sql.SparkSession
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow
+import org.apache.spark.sql.execution.streaming.state._
+import org.apache.spark.sql.internal.SQLConf
+import org.apache.spark.sql.types.{LongType, StructField, StructType}
+
+/**
+ * W3, store operations (after FLIP-140's ValueStateBenchmark): drives `StateStore` directly,
+ * single-threaded, with no Spark job, for the HDFS provider, RocksDB (changelog checkpointing on)
+ * and heapstate, side by side in one JVM.
+ *
+ * For K keys (a `long` key and a `long` value, as a count), it measures operations per ms for
+ * get (existing keys), update (put on existing keys), put (new keys) and remove, each on a store
+ * opened at the loaded version and aborted afterwards, and the time of a whole version cycle:
+ * `getStore(v)`, U puts, `commit`. Each figure is the median of repeated runs after warm-up runs.
+ * It also reports the heap retained per key after a full GC (RocksDB's native memory is not
+ * counted).
+ *
+ * {{{
+ *   bin/sbt "bench/run --size small"
+ *   bin/sbt "bench/run --size default --providers hdfs,heapstate"
+ * }}}
+ */
+object W3StoreOps {
+  final case class Provider(name: String, className: String, confs: Map[String, String])
+
+  val Providers: Seq[Provider] = Seq(
+    Provider("hdfs", "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider", Map.empty),
+    Provider("rocksdb", "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+      Map("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled" -> "true")),
+    Provider("heapstate", "heapstate.HeapStateStoreProvider", Map.empty))
+
+  final case class Size(keys: Seq[Int], ops: Int, updatesPerCycle: Int, warmups: Int, runs: Int, cycles: Int)
+  val Sizes: Map[String, Size] = Map(
+    "small" -> Size(Seq(10000, 100000), 50000, 10000, 2, 3, 5),
+    "default" -> Size(Seq(10000, 1000000), 200000, 10000, 3, 5, 10))
+
+  private val keySchema = StructType(Seq(StructField("k", LongType, nullable = false)))
+  private val valueSchema = StructType(Seq(StructField("count", LongType, nullable = false)))
+  private val CF = StateStore.DEFAULT_COL_FAMILY_NAME
+
+  private def longRow(): UnsafeRow = {
+    val row = new UnsafeRow(1)
+    row.pointTo(new Array[Byte](16), 16)
+    row
+  }
+
+  def main(args: Array[String]): Unit = {
+    val opts = args.sliding(2, 2).collect { case Array(k, v) if k.startsWith("--") => k.drop(2) -> v }.toMap
+    val sizeName = opts.getOrElse("size", "small")
+    val size = Sizes.getOrElse(sizeName, sys.error(s"--size must be one of ${Sizes.keys.mkString(", ")}"))
+    val chosen = opts.get("providers").map(_.split(",").toSeq).getOrElse(Providers.map(_.name))
+    val providers = chosen.map(n => Providers.find(_.name == n).getOrElse(sys.error(s"unknown provider $n")))
+    opts.get("worker") match {
+      case Some(out) => runWorker(providers.head, size, Paths.get(out))
+      case None =>
+        // One JVM per provider: a store call site that has seen only one class is inlined by the
+        // JIT, so providers sharing a JVM would be measured under different conditions.
+        val results = mutable.LinkedHashMap.empty[(String, Int), Map[String, Double]]
+        for (p <- providers) {
+          val out = Files.createTempFile(s"w3-${p.name}", ".json")
+          val cmd = Seq(javaBin, "-Xms6g", "-Xmx6g") ++ jvmOpens ++ Seq("-cp", System.getProperty("java.class.path"),
+            "heapstate.bench.W3StoreOps", "--size", sizeName, "--providers", p.name, "--worker", out.toString)
+          val code = new ProcessBuilder(cmd: _*).inheritIO().start().waitFor()
+          if (code != 0) sys.error(s"the ${p.name} worker failed with exit code $code")
+          val parsed = new ObjectMapper().readTree(out.toFile)
+          parsed.fields().forEachRemaining { e =>
+            val keys = e.getKey.toInt
+            val figs = mutable.LinkedHashMap.empty[String, Double]
+            e.getValue.fields().forEachRemaining(f => figs(f.getKey) = f.getValue.asDouble)
+            results((p.name, keys)) = figs.toMap
+          }
+        }
+        report(results.toMap, providers.map(_.name), size, sizeName)
+    }
+  }
+
+  private def javaBin: String = Paths.get(System.getProperty("java.home"), "bin", "java").toString
+
+  private def jvmOpens: Seq[String] =
+    ManagementFactory.getRuntimeMXBean.getInputArguments.toArray.map(_.toString).toSeq.filter(_.startsWith("--add-opens"))
+
+  private def runWorker(p: Provider, size: Size, out: java.nio.file.Path): Unit = {
+    val spark = SparkSession.builder().master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    val json = new java.util.LinkedHashMap[String, AnyRef]()
+    for (keys <- size.keys) {
+      System.err.println(s"[w3] ${p.name}: $keys keys")
+      val figs = measure(p, keys, size)
+      System.err.println(s"[w3] ${p.name}: $keys keys: ${figs.map { case (k, v) => f"$k=$v%.1f" }.mkString(" ")}")
+      val m = new java.util.LinkedHashMap[String, AnyRef]()
+      figs.foreach { case (k, v) => m.put(k, Double.box(v)) }
+      json.put(keys.toString, m)
+    }
+    spark.stop()
+    Files.writeString(out, new ObjectMapper().writeValueAsString(json))
+  }
+
+  private def storeConf(p: Provider): StateStoreConf = {
+    val sql = new SQLConf()
+    sql.setConfString("spark.sql.streaming.stateStore.commitValidation.enabled", "false")
+    sql.setConfString("spark.sql.streaming.minBatchesToRetain", "100")
+    p.confs.foreach { case (k, v) => sql.setConfString(k, v) }
+    new StateStoreConf(sql)
+  }
+
+  /** What a streaming query's Hadoop conf carries and the HDFS provider requires: a run id. */
+  private def hadoopConf(): Configuration = {
+    val conf = new Configuration()
+    conf.set("sql.streaming.queryId", UUID.randomUUID().toString)
+    conf.set("sql.streaming.runId", UUID.randomUUID().toString)
+    conf
+  }
+
+  private def heapUsed(): Long = {
+    for (_ <- 1 to 3) { System.gc(); Thread.sleep(100) }
+    ManagementFactory.getMemoryMXBean.getHeapMemoryUsage.getUsed
+  }
+
+  private def median(xs: Seq[Double]): Double = { val s = xs.sorted; s(s.size / 2) }
+
+  private def measure(p: Provider, keys: Int, size: Size): Map[String, Double] = {
+    val root = Files.createTempDirectory(s"w3-${p.name}").toString
+    val heapBefore = heapUsed()
+    val provider = StateStoreProvider.create(p.className)
+    provider.init(StateStoreId(root, 0, 0), keySchema, valueSchema, NoPrefixKeyStateEncoderSpec(keySchema),
+      false, storeConf(p), hadoopConf(), false, None)
+    val key = longRow()
+    val value = longRow()
+    val rnd = new scala.util.Random(42)
+    val ops = math.min(size.ops, keys)
+    val existing = Array.fill(ops)(rnd.nextInt(keys).toLong)
+    var version = 0L
+
+    // Load K keys as version 1.
+    val t0 = System.nanoTime()
+    val load = provider.getStore(0)
+    var i = 0
+    while (i < keys) { key.setLong(0, i); value.setLong(0, i); load.put(key, value, CF); i += 1 }
+    load.commit(); version = 1
+    val loadMs = (System.nanoTime() - t0) / 1e6
+    val memoryUsed = load.metrics.memoryUsedBytes.toDouble
+    val heapPerKey = (heapUsed() - heapBefore).toDouble / keys
+
+    /** Runs `body` on a store opened at `version` and aborted after; returns ops per ms. */
+    def opsPerMs(body: StateStore => Unit): Double = {
+      val rates = (1 to size.warmups + size.runs).map { _ =>
+        val store = provider.getStore(version)
+        val start = System.nanoTime()
+        body(store)
+        val ms = (System.nanoTime() - start) / 1e6
+        store.abort()
+        ops / ms
+      }
+      median(rates.drop(size.warmups))
+    }
+    val get = opsPerMs { s => var j = 0; while (j < ops) { key.setLong(0, existing(j)); s.get(key, CF); j += 1 } }
+    val update = opsPerMs { s => var j = 0; while (j < ops) { key.setLong(0, existing(j)); value.setLong(0, j); s.put(key, value, CF); j += 1 } }
+    val put = opsPerMs { s => var j = 0; while (j < ops) { key.setLong(0, keys.toLong + j); value.setLong(0, j); s.put(key, value, CF); j += 1 } }
+    val remove = opsPerMs { s => var j = 0; while (j < ops) { key.setLong(0, existing(j)); s.remove(key, CF); j += 1 } }
+
+    // Version cycles: getStore(v), U puts on existing keys, commit.
+    val u = math.min(size.updatesPerCycle, keys)
+    val cycleMs = (1 to size.warmups + size.cycles).map { c =>
+      val start = System.nanoTime()
+      val store = provider.getStore(version)
+      var j = 0
+      while (j < u) { key.setLong(0, rnd.nextInt(keys).toLong); value.setLong(0, c); store.put(key, value, CF); j += 1 }
+      version = store.commit()
+      (System.nanoTime() - start) / 1e6
+    }
+    provider.close()
+    deleteRecursively(new File(root))
+    Map("load_ms" -> loadMs, "get_ops_per_ms" -> get, "update_ops_per_ms" -> update, "put_ops_per_ms" -> put,
+      "remove_ops_per_ms" -> remove, "cycle_ms" -> median(cycleMs.drop(size.warmups)),
+      "heap_bytes_per_key" -> heapPerKey, "memory_used_bytes" -> memoryUsed)
+  }
+
+  private def deleteRecursively(f: File): Unit = {
+    Option(f.listFiles).foreach(_.foreach(deleteRecursively))
+    f.delete()
+  }
+
+  private def report(results: Map[(String, Int), Map[String, Double]], names: Seq[String], size: Size, sizeName: String): Unit = {
+    val figures = Seq(
+      ("get ops/ms", "get_ops_per_ms", true), ("update ops/ms", "update_ops_per_ms", true),
+      ("put (new key) ops/ms", "put_ops_per_ms", true), ("remove ops/ms", "remove_ops_per_ms", true),
+      (s"version cycle ms (getStore, ${size.updatesPerCycle} puts, commit)", "cycle_ms", false),
+      ("load K keys, ms", "load_ms", false), ("heap bytes per key after GC", "heap_bytes_per_key", false),
+      ("memoryUsedBytes", "memory_used_bytes", false))
+    for (keys <- size.keys) {
+      println()
+      println(f"W3 store operations, K=$keys%,d keys, ${math.min(size.ops, keys)}%,d ops per run, median of ${size.runs} runs after ${size.warmups} warm-ups")
+      println(("figure" +: names).map(n => f"$n%-22s").mkString(" ") + "   (ratio to hdfs; for ops/ms, time per op = 1/ratio)")
+      for ((label, key, _) <- figures) {
+        val base = results.get(("hdfs", keys)).map(_(key))
+        val cells = names.map { n =>
+          val v = results((n, keys))(key)
+          val r = base.filter(_ > 0).map(b => f" (${v / b}%.2fx)").getOrElse("")
+          f"${v}%.1f$r"
+        }
+        println((label.take(22) +: cells).map(c => f"$c%-22s").mkString(" "))
+      }
+    }
+    val out = Paths.get("bench", "results")
+    Files.createDirectories(out)
+    val file = out.resolve(s"w3-${LocalDateTime.now.format(DateTimeFormatter.ofPattern("yyyyMMdd-HHmmss"))}.json")
+    val json = new java.util.LinkedHashMap[String, AnyRef]()
+    json.put("benchmark", "W3")
+    json.put("size", sizeName)
+    json.put("spark", org.apache.spark.SPARK_VERSION)
+    val rows = new java.util.ArrayList[AnyRef]()
+    for (((name, keys), figs) <- results) {
+      val row = new java.util.LinkedHashMap[String, AnyRef]()
+      row.put("provider", name); row.put("keys", Int.box(keys))
+      figs.foreach { case (k, v) => row.put(k, Double.box(v)) }
+      rows.add(row)
+    }
+    json.put("results", rows)
+    Files.writeString(file, new ObjectMapper().writerWithDefaultPrettyPrinter().writeValueAsString(json))
+    println(s"\nJSON: $file")
+  }
+}

@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         # Frequent maintenance and a short compaction interval, so that a snapshot shows up.
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "1s")
     )
-    spark = heapstate.configure(builder, compactionInterval=2).getOrCreate()
+    spark = heapstate.configure(builder, compaction_interval=2).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     try:
         print(f"Spark {spark.version}, state store: {spark.conf.get(heapstate.PROVIDER_CONF)}")

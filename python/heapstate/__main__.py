@@ -1,4 +1,4 @@
-"""``python -m heapstate``: the heapstate command line."""
+"""``python -m heapstate``: the heapstate command line (the same as the ``heapstate`` script)."""
 
 from heapstate.cli import main
 

@@ -1,17 +1,46 @@
-"""Where the bundled jar is, and how a SparkSession builder is pointed at it."""
+"""Where the bundled jar is, heapstate's options, and how a SparkSession builder is pointed at them.
+
+Every option is checked here, before Spark starts, so that a typo fails at the call that made it.
+The Scala provider checks the same keys again when a store starts (``HeapStateConf``), since
+confs can also arrive through ``spark-defaults.conf`` or ``--conf``.
+"""
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from heapstate._checkpoint import Checkpoints
 
 PROVIDER_CLASS = "heapstate.HeapStateStoreProvider"
 """The class name to give ``spark.sql.streaming.stateStore.providerClass``."""
 
 PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
-CONF_PREFIX = "spark.sql.streaming.stateStore.heapstate."
+"""The SQL conf that chooses the state store provider of new streaming queries."""
 
-B = TypeVar("B")
+CONF_PREFIX = "spark.sql.streaming.stateStore.heapstate."
+"""Every heapstate conf key starts with this."""
+
+SPARK_DEFAULT_PROVIDER = (
+    "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+)
+"""The provider Spark uses when ``spark.sql.streaming.stateStore.providerClass`` is not set."""
+
+CODECS = ("zstd", "lz4", "snappy", "none")
+"""The values ``codec`` allows."""
+
+
+class _Builder(Protocol):
+    """What :func:`configure` needs of a builder: ``SparkSession.Builder`` has it."""
+
+    def config(self, key: str, value: str) -> Any: ...
+
+
+B = TypeVar("B", bound=_Builder)
 
 
 def jar_path() -> str:
@@ -19,6 +48,8 @@ def jar_path() -> str:
 
     >>> import heapstate, os
     >>> os.path.isfile(heapstate.jar_path())
+    True
+    >>> heapstate.jar_path().endswith("heapstate.jar")
     True
     """
     jar = Path(__file__).resolve().parent / "jars" / "heapstate.jar"
@@ -30,27 +61,150 @@ def jar_path() -> str:
     return str(jar)
 
 
+# --------------------------------------------------------------------------------------------
+# Options
+
+
+def _int_at_least(minimum: int) -> Callable[[object], str | None]:
+    def check(value: object) -> str | None:
+        # bool is an int subclass; True is never meant as a version count.
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"must be an integer >= {minimum}, not {value!r} ({type(value).__name__})"
+        if value < minimum:
+            return f"must be an integer >= {minimum}, not {value!r}"
+        return None
+
+    return check
+
+
+def _one_of(allowed: tuple[str, ...]) -> Callable[[object], str | None]:
+    def check(value: object) -> str | None:
+        if not isinstance(value, str) or value not in allowed:
+            return f"must be one of {', '.join(allowed)}, not {value!r}"
+        return None
+
+    return check
+
+
+@dataclass(frozen=True)
+class _Option:
+    key: str
+    """The conf key, after :data:`CONF_PREFIX`."""
+    check: Callable[[object], str | None]
+
+
+OPTIONS: Mapping[str, _Option] = {
+    "compaction_interval": _Option("compactionInterval", _int_at_least(1)),
+    "codec": _Option("compressionCodec", _one_of(CODECS)),
+    "undo_versions": _Option("undoVersions", _int_at_least(0)),
+}
+"""heapstate's options by Python name. The README's configuration table says what each does."""
+
+
+def _unknown_option(name: str) -> ValueError:
+    by_key = {o.key: n for n, o in OPTIONS.items()}
+    hint = ""
+    if name in by_key:
+        hint = f" (the conf key {CONF_PREFIX}{name} is the option {by_key[name]!r})"
+    else:
+        close = difflib.get_close_matches(name, list(OPTIONS), n=1)
+        if close:
+            hint = f" (did you mean {close[0]!r}?)"
+    return ValueError(
+        f"unknown heapstate option {name!r}{hint}; the options are {', '.join(OPTIONS)}"
+    )
+
+
+def conf_entries(
+    *,
+    compaction_interval: int | None = None,
+    codec: str | None = None,
+    undo_versions: int | None = None,
+    **more: Any,
+) -> dict[str, str]:
+    """Return the Spark confs that turn heapstate on with these options (``spark.jars`` aside).
+
+    Options left at ``None`` are not set, so heapstate's defaults apply. An unknown option, or a
+    value of the wrong type or out of range, raises ``ValueError`` naming the option and value.
+
+    >>> import heapstate
+    >>> for key, value in heapstate.conf_entries(compaction_interval=5, codec="lz4").items():
+    ...     print(f"{key}={value}")
+    spark.sql.streaming.stateStore.providerClass=heapstate.HeapStateStoreProvider
+    spark.sql.streaming.stateStore.heapstate.compactionInterval=5
+    spark.sql.streaming.stateStore.heapstate.compressionCodec=lz4
+    >>> heapstate.conf_entries(compaction_interval="5")
+    Traceback (most recent call last):
+    ...
+    ValueError: heapstate option compaction_interval must be an integer >= 1, not '5' (str)
+    """
+    if more:
+        raise _unknown_option(next(iter(more)))
+    given = {
+        "compaction_interval": compaction_interval,
+        "codec": codec,
+        "undo_versions": undo_versions,
+    }
+    entries = {PROVIDER_CONF: PROVIDER_CLASS}
+    for name, value in given.items():
+        if value is None:
+            continue
+        option = OPTIONS[name]
+        problem = option.check(value)
+        if problem:
+            raise ValueError(f"heapstate option {name} {problem}")
+        entries[CONF_PREFIX + option.key] = str(value)
+    return entries
+
+
+# --------------------------------------------------------------------------------------------
+# The builder
+
+
 def _append_jar(existing: str | None, jar: str) -> str:
-    jars = [j for j in (existing or "").split(",") if j.strip()]
+    jars = [j.strip() for j in (existing or "").split(",") if j.strip()]
     if jar not in jars:
         jars.append(jar)
     return ",".join(jars)
 
 
-def configure(builder: B, **options: Any) -> B:
+def configure(
+    builder: B,
+    *,
+    compaction_interval: int | None = None,
+    codec: str | None = None,
+    undo_versions: int | None = None,
+    checkpoint: Checkpoints | None = None,
+    **more: Any,
+) -> B:
     """Point a ``SparkSession.Builder`` at heapstate and return the builder.
 
-    Appends the bundled jar to ``spark.jars`` (keeping jars already set, such as Delta's),
-    sets ``spark.sql.streaming.stateStore.providerClass`` and passes each keyword option through
-    as ``spark.sql.streaming.stateStore.heapstate.<name>``.
+    - Appends the bundled jar to ``spark.jars``, keeping the jars already set. It works before
+      or after Delta's ``configure_spark_with_delta_pip``, which sets ``spark.jars.packages``.
+    - Sets ``spark.sql.streaming.stateStore.providerClass`` to heapstate, so new queries use it.
+    - Passes the options through as ``spark.sql.streaming.stateStore.heapstate.*`` (see
+      :func:`conf_entries`); an unknown option, or a bad value, raises ``ValueError`` naming it.
+    - ``checkpoint``: a checkpoint location, or a list of them, that queries of this session
+      will restart from. Each one made with another provider gets a
+      :class:`~heapstate.ProviderMismatchWarning`, since Spark keeps that provider for it.
 
     >>> from pyspark.sql import SparkSession
     >>> import heapstate
-    >>> builder = heapstate.configure(SparkSession.builder.master("local[1]"), compactionInterval=5)
+    >>> builder = heapstate.configure(SparkSession.builder.master("local[1]"), compaction_interval=5)
+    >>> builder._options["spark.sql.streaming.stateStore.heapstate.compactionInterval"]
+    '5'
+    >>> builder._options["spark.jars"] == heapstate.jar_path()
+    True
     """
-    conf = getattr(builder, "_options", {})
-    builder.config("spark.jars", _append_jar(conf.get("spark.jars"), jar_path()))  # type: ignore[attr-defined]
-    builder.config(PROVIDER_CONF, PROVIDER_CLASS)  # type: ignore[attr-defined]
-    for name, value in options.items():
-        builder.config(CONF_PREFIX + name, str(value))  # type: ignore[attr-defined]
+    entries = conf_entries(
+        compaction_interval=compaction_interval, codec=codec, undo_versions=undo_versions, **more
+    )
+    existing = getattr(builder, "_options", {}).get("spark.jars")
+    builder.config("spark.jars", _append_jar(existing, jar_path()))
+    for key, value in entries.items():
+        builder.config(key, value)
+    if checkpoint is not None:
+        from heapstate._checkpoint import warn_if_pinned_elsewhere
+
+        warn_if_pinned_elsewhere(checkpoint, PROVIDER_CLASS, "configure()")
     return builder

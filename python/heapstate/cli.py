@@ -1,22 +1,102 @@
-"""The heapstate command line (first cut: ``submit-args``)."""
+"""The heapstate command line.
+
+  heapstate submit-args [--compaction-interval N] [--codec C] [--undo-versions N]
+      prints the spark-submit flags that turn heapstate on
+  heapstate inspect CHECKPOINT [--json] [--no-verify]
+      shows each operator's and partition's state files, versions and recovery chains
+
+Exit codes: 0 success; 1 inspect found damaged files or versions that cannot be recovered;
+2 the command could not run (bad arguments, a path that is not a checkpoint, ...).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
+from collections.abc import Sequence
 
-from heapstate._config import PROVIDER_CLASS, PROVIDER_CONF, jar_path
+from heapstate._config import conf_entries, jar_path
+
+EXIT_PROBLEMS = 1
+EXIT_ERROR = 2
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="heapstate", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("submit-args", help="print the spark-submit flags that turn heapstate on")
-    args = parser.parse_args(argv)
-    if args.command == "submit-args":
-        flags = ["--jars", jar_path(), "--conf", f"{PROVIDER_CONF}={PROVIDER_CLASS}"]
-        print(" ".join(shlex.quote(f) for f in flags))
-        return 0
-    parser.print_help(sys.stderr)
-    return 2
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="heapstate",
+        description="heapstate, a heap state store for Spark Structured Streaming.",
+        epilog="exit codes: 0 ok; 1 inspect found problems; 2 the command could not run",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    submit = sub.add_parser(
+        "submit-args",
+        help="print the spark-submit flags that turn heapstate on",
+        description="Print the --jars and --conf flags for spark-submit, shell-quoted, e.g. "
+        "spark-submit $(heapstate submit-args) job.py",
+    )
+    submit.add_argument("--compaction-interval", type=int, metavar="N")
+    submit.add_argument("--codec", metavar="CODEC", help="zstd, lz4, snappy or none")
+    submit.add_argument("--undo-versions", type=int, metavar="N")
+
+    inspect = sub.add_parser(
+        "inspect",
+        help="show a checkpoint's state stores: versions, files, sizes, recovery chains",
+        description="For each operator and partition of a checkpoint: the provider, the "
+        "versions present, journal and snapshot sizes, the snapshot each version recovers "
+        "from and the length of its journal chain, and any missing or damaged file. "
+        "heapstate's files are verified through a local JVM (pyspark needed) unless "
+        "--no-verify is given.",
+    )
+    inspect.add_argument("checkpoint", metavar="CHECKPOINT", help="a local checkpoint location")
+    inspect.add_argument("--json", action="store_true", help="print JSON instead of text")
+    inspect.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="only list files and sizes: no JVM, no verification, no recovery chains",
+    )
+    return parser
+
+
+def _submit_args(args: argparse.Namespace) -> int:
+    entries = conf_entries(
+        compaction_interval=args.compaction_interval,
+        codec=args.codec,
+        undo_versions=args.undo_versions,
+    )
+    flags = ["--jars", jar_path()]
+    for key, value in entries.items():
+        flags += ["--conf", f"{key}={value}"]
+    print(" ".join(shlex.quote(f) for f in flags))
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from heapstate._inspection import describe, format_text
+
+    report = describe(args.checkpoint, verify=not args.no_verify)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(format_text(report))
+    return EXIT_PROBLEMS if report["problems"] else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default: ``sys.argv[1:]``); return the exit code.
+
+    >>> from heapstate.cli import main
+    >>> main(["submit-args", "--codec", "lz4"])  # doctest: +ELLIPSIS
+    --jars .../heapstate.jar --conf spark.sql.streaming.stateStore.providerClass=heapstate.HeapStateStoreProvider --conf spark.sql.streaming.stateStore.heapstate.compressionCodec=lz4
+    0
+    """
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "submit-args":
+            return _submit_args(args)
+        return _inspect(args)
+    except (ValueError, OSError, RuntimeError) as e:  # NotACheckpointError is a ValueError
+        print(f"heapstate {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_ERROR

@@ -92,7 +92,7 @@ def spark() -> Iterator[SparkSession]:
         .config("spark.sql.streaming.stateStore.minDeltasForSnapshot", "2")
         .config("spark.driver.extraJavaOptions", "-Duser.timezone=UTC")
     )
-    session = heapstate.configure(builder, compactionInterval=COMPACTION_INTERVAL).getOrCreate()
+    session = heapstate.configure(builder, compaction_interval=COMPACTION_INTERVAL).getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     yield session
     session.stop()

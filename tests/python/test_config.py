@@ -1,0 +1,471 @@
+"""heapstate's configuration helpers: ``configure``, its options, the live-session toggle and
+``checkpoint_provider``, and the runnable examples in the package's docstrings.
+
+The builder tests need no JVM: they read the options a builder collected. The toggle tests use
+the suite's session and start real queries, whose checkpoints must pin the provider the toggle
+chose. Every test puts the session's provider confs back as they were.
+"""
+
+from __future__ import annotations
+
+import doctest
+import json
+import shutil
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import heapstate
+import heapstate._checkpoint
+import heapstate._config
+import heapstate._inspection
+import heapstate._session
+import heapstate.cli
+import pytest
+from conftest import (
+    HDFS_PROVIDER,
+    HEAPSTATE_PROVIDER,
+    PROVIDER_CONF,
+    SHUFFLE_PARTITIONS,
+    assert_checkpoint_written_by,
+    read_stream,
+    sorted_rows,
+    write_input_file,
+)
+from heapstate._session import require_provider_class
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+PREFIX = "spark.sql.streaming.stateStore.heapstate."
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+def builder_options(builder: Any) -> dict[str, str]:
+    return dict(builder._options)
+
+
+# --------------------------------------------------------------------------------------------
+# configure() and its options
+
+
+def test_configure_sets_jar_provider_and_options() -> None:
+    builder = heapstate.configure(
+        SparkSession.builder.master("local[1]"),
+        compaction_interval=5,
+        codec="lz4",
+        undo_versions=0,
+    )
+    assert builder_options(builder) == {
+        "spark.master": "local[1]",
+        "spark.jars": heapstate.jar_path(),
+        PROVIDER_CONF: HEAPSTATE_PROVIDER,
+        PREFIX + "compactionInterval": "5",
+        PREFIX + "compressionCodec": "lz4",
+        PREFIX + "undoVersions": "0",
+    }
+
+
+def test_configure_without_options_sets_jar_and_provider_only() -> None:
+    builder = heapstate.configure(SparkSession.builder)
+    assert builder_options(builder) == {
+        "spark.jars": heapstate.jar_path(),
+        PROVIDER_CONF: HEAPSTATE_PROVIDER,
+    }
+
+
+def test_configure_appends_to_jars_already_set_and_only_once() -> None:
+    builder = SparkSession.builder.config("spark.jars", "/opt/a.jar, /opt/b.jar")
+    heapstate.configure(heapstate.configure(builder))
+    assert builder_options(builder)["spark.jars"] == f"/opt/a.jar,/opt/b.jar,{heapstate.jar_path()}"
+
+
+def test_conf_entries_lists_provider_then_options() -> None:
+    assert heapstate.conf_entries(undo_versions=3, codec="none") == {
+        PROVIDER_CONF: HEAPSTATE_PROVIDER,
+        PREFIX + "compressionCodec": "none",
+        PREFIX + "undoVersions": "3",
+    }
+    assert heapstate.conf_entries() == {PROVIDER_CONF: HEAPSTATE_PROVIDER}
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"compaction_interval": "5"},
+            "heapstate option compaction_interval must be an integer >= 1, not '5' (str)",
+        ),
+        (
+            {"compaction_interval": True},
+            "heapstate option compaction_interval must be an integer >= 1, not True (bool)",
+        ),
+        (
+            {"compaction_interval": 2.0},
+            "heapstate option compaction_interval must be an integer >= 1, not 2.0 (float)",
+        ),
+        (
+            {"compaction_interval": 0},
+            "heapstate option compaction_interval must be an integer >= 1, not 0",
+        ),
+        (
+            {"undo_versions": -1},
+            "heapstate option undo_versions must be an integer >= 0, not -1",
+        ),
+        (
+            {"undo_versions": False},
+            "heapstate option undo_versions must be an integer >= 0, not False (bool)",
+        ),
+        (
+            {"codec": "gzip"},
+            "heapstate option codec must be one of zstd, lz4, snappy, none, not 'gzip'",
+        ),
+        (
+            {"codec": "ZSTD"},
+            "heapstate option codec must be one of zstd, lz4, snappy, none, not 'ZSTD'",
+        ),
+        (
+            {"codec": 1},
+            "heapstate option codec must be one of zstd, lz4, snappy, none, not 1",
+        ),
+        (
+            {"compaction_intervall": 3},
+            (
+                "unknown heapstate option 'compaction_intervall' (did you mean "
+                "'compaction_interval'?); the options are compaction_interval, codec, undo_versions"
+            ),
+        ),
+        (
+            {"compactionInterval": 3},
+            (
+                "unknown heapstate option 'compactionInterval' (the conf key "
+                "spark.sql.streaming.stateStore.heapstate.compactionInterval is the option "
+                "'compaction_interval'); the options are compaction_interval, codec, undo_versions"
+            ),
+        ),
+        (
+            {"spark.sql.shuffle.partitions": 3},
+            (
+                "unknown heapstate option 'spark.sql.shuffle.partitions'; the options are "
+                "compaction_interval, codec, undo_versions"
+            ),
+        ),
+    ],
+)
+def test_bad_options_raise_value_error_naming_them(options: dict[str, Any], message: str) -> None:
+    builder = SparkSession.builder.master("local[1]")
+    with pytest.raises(ValueError) as raised:
+        heapstate.configure(builder, **options)
+    assert str(raised.value) == message
+    # Nothing was set: a failed configure leaves the builder as it was.
+    assert builder_options(builder) == {"spark.master": "local[1]"}
+    with pytest.raises(ValueError) as raised_again:
+        heapstate.conf_entries(**options)
+    assert str(raised_again.value) == message
+
+
+def test_boundary_values_are_accepted() -> None:
+    assert heapstate.conf_entries(compaction_interval=1, undo_versions=0) == {
+        PROVIDER_CONF: HEAPSTATE_PROVIDER,
+        PREFIX + "compactionInterval": "1",
+        PREFIX + "undoVersions": "0",
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# checkpoint_provider()
+
+
+def write_offsets(checkpoint: Path, batch_id: int, conf: dict[str, str] | None) -> Path:
+    """An offset log entry as Spark writes it: version line, metadata, one source offset."""
+    offsets = checkpoint / "offsets"
+    offsets.mkdir(parents=True, exist_ok=True)
+    metadata: dict[str, Any] = {"batchWatermarkMs": 0, "batchTimestampMs": 1}
+    if conf is not None:
+        metadata["conf"] = conf
+    path = offsets / str(batch_id)
+    path.write_text(f'v1\n{json.dumps(metadata)}\n{{"logOffset":{batch_id}}}')
+    return path
+
+
+def test_checkpoint_provider_reads_the_newest_offset_log_entry(tmp_path: Path) -> None:
+    cp = tmp_path / "cp"
+    write_offsets(cp, 2, {PROVIDER_CONF: HDFS_PROVIDER})
+    write_offsets(cp, 10, {PROVIDER_CONF: ROCKSDB_PROVIDER})  # newer: 10 > 2, not "10" < "2"
+    (cp / "offsets" / ".11.crc").write_text("not an entry")
+    (cp / "offsets" / "11.tmp").write_text("not an entry")
+    assert heapstate.checkpoint_provider(cp) == ROCKSDB_PROVIDER
+    assert heapstate.checkpoint_provider(str(cp)) == ROCKSDB_PROVIDER
+    assert heapstate.checkpoint_provider(f"file://{cp}") == ROCKSDB_PROVIDER
+
+
+def test_checkpoint_provider_is_none_while_nothing_is_pinned(tmp_path: Path) -> None:
+    assert heapstate.checkpoint_provider(tmp_path / "does-not-exist") is None
+    (tmp_path / "empty" / "offsets").mkdir(parents=True)
+    assert heapstate.checkpoint_provider(tmp_path / "empty") is None
+    write_offsets(tmp_path / "old", 0, None)
+    assert heapstate.checkpoint_provider(tmp_path / "old") is None
+
+
+def test_checkpoint_provider_names_an_unreadable_entry(tmp_path: Path) -> None:
+    entry = write_offsets(tmp_path, 0, {PROVIDER_CONF: HDFS_PROVIDER})
+    entry.write_text("v1\n{not json\n")
+    with pytest.raises(ValueError) as raised:
+        heapstate.checkpoint_provider(tmp_path)
+    assert str(raised.value) == (
+        f"{entry}: line 2 is not the JSON metadata of an offset log: '{{not json'"
+    )
+    entry.write_text("")
+    with pytest.raises(ValueError) as raised:
+        heapstate.checkpoint_provider(tmp_path)
+    assert str(raised.value) == (
+        f"{entry} is not an offset log entry: expected a version line such as 'v1' and a "
+        "metadata line, found []"
+    )
+
+
+def test_checkpoint_provider_refuses_remote_locations() -> None:
+    with pytest.raises(ValueError) as raised:
+        heapstate.checkpoint_provider("s3a://bucket/cp")
+    assert str(raised.value) == (
+        "s3a://bucket/cp: heapstate reads local checkpoints only (a path or a file: URI)"
+    )
+
+
+def test_configure_warns_about_a_checkpoint_of_another_provider(tmp_path: Path) -> None:
+    hdfs_cp = tmp_path / "hdfs"
+    write_offsets(hdfs_cp, 4, {PROVIDER_CONF: HDFS_PROVIDER})
+    heap_cp = tmp_path / "heap"
+    write_offsets(heap_cp, 0, {PROVIDER_CONF: HEAPSTATE_PROVIDER})
+    with pytest.warns(heapstate.ProviderMismatchWarning) as caught:
+        heapstate.configure(SparkSession.builder, checkpoint=[hdfs_cp, heap_cp, tmp_path / "new"])
+    assert [str(w.message) for w in caught] == [
+        (
+            f"checkpoint {hdfs_cp} was made with {HDFS_PROVIDER} (pinned in offsets/4): "
+            f"configure() sets {HEAPSTATE_PROVIDER} for new queries, but a query restarted from "
+            "this checkpoint keeps using HDFSBackedStateStoreProvider. To run that query on "
+            "heapstate, start it with a new checkpoint location (its state then starts empty)."
+        )
+    ]
+
+
+def test_configure_is_silent_for_its_own_and_new_checkpoints(tmp_path: Path) -> None:
+    write_offsets(tmp_path / "heap", 0, {PROVIDER_CONF: HEAPSTATE_PROVIDER})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        heapstate.configure(SparkSession.builder, checkpoint=tmp_path / "heap")
+        heapstate.configure(SparkSession.builder, checkpoint=str(tmp_path / "new"))
+
+
+# --------------------------------------------------------------------------------------------
+# The toggle on a live session
+
+
+@pytest.fixture
+def session(spark: SparkSession) -> Iterator[SparkSession]:
+    """The suite's session, with its provider and heapstate confs put back afterwards."""
+    keys = [PROVIDER_CONF] + [PREFIX + o.key for o in heapstate._config.OPTIONS.values()]
+    saved = {k: spark.conf.get(k, None) for k in keys}
+    heapstate._session._before_enable.pop(spark, None)
+    yield spark
+    for key, value in saved.items():
+        if value is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, value)
+    heapstate._session._before_enable.pop(spark, None)
+
+
+def conf(spark: SparkSession, key: str) -> str | None:
+    return spark.conf.get(key, None)
+
+
+def test_disable_and_enable_switch_the_provider_of_new_queries(session: SparkSession) -> None:
+    assert heapstate.is_enabled(session)  # the suite's session was built with configure()
+    assert heapstate.disable(session) == HDFS_PROVIDER
+    assert conf(session, PROVIDER_CONF) is None  # unset: Spark's default applies
+    assert not heapstate.is_enabled(session)
+    assert heapstate.disable(session) == HDFS_PROVIDER  # a second disable changes nothing
+
+    session.conf.set(PROVIDER_CONF, ROCKSDB_PROVIDER)
+    heapstate.enable(session, codec="snappy", undo_versions=1)
+    assert conf(session, PROVIDER_CONF) == HEAPSTATE_PROVIDER
+    assert conf(session, PREFIX + "compressionCodec") == "snappy"
+    assert conf(session, PREFIX + "undoVersions") == "1"
+    heapstate.enable(session)  # already on: still remembers RocksDB, not heapstate
+    assert heapstate.disable(session) == ROCKSDB_PROVIDER
+    assert conf(session, PROVIDER_CONF) == ROCKSDB_PROVIDER
+
+
+def test_enabled_restores_every_conf_it_set(session: SparkSession) -> None:
+    session.conf.set(PROVIDER_CONF, ROCKSDB_PROVIDER)
+    session.conf.unset(PREFIX + "compressionCodec")
+    before_interval = conf(session, PREFIX + "compactionInterval")
+    with heapstate.enabled(session, codec="lz4", compaction_interval=7) as inside:
+        assert inside is session
+        assert conf(session, PROVIDER_CONF) == HEAPSTATE_PROVIDER
+        assert conf(session, PREFIX + "compressionCodec") == "lz4"
+        assert conf(session, PREFIX + "compactionInterval") == "7"
+    assert conf(session, PROVIDER_CONF) == ROCKSDB_PROVIDER
+    assert conf(session, PREFIX + "compressionCodec") is None
+    assert conf(session, PREFIX + "compactionInterval") == before_interval
+
+
+def test_enabled_restores_even_when_the_block_raises(session: SparkSession) -> None:
+    heapstate.disable(session)
+    with pytest.raises(KeyError), heapstate.enabled(session):
+        assert heapstate.is_enabled(session)
+        raise KeyError("inside")
+    assert conf(session, PROVIDER_CONF) is None
+
+
+def test_disabled_restores_heapstate(session: SparkSession) -> None:
+    assert heapstate.is_enabled(session)
+    with heapstate.disabled(session):
+        assert conf(session, PROVIDER_CONF) is None
+    assert conf(session, PROVIDER_CONF) == HEAPSTATE_PROVIDER
+
+
+def test_enable_rejects_bad_options_before_changing_anything(session: SparkSession) -> None:
+    heapstate.disable(session)
+    with pytest.raises(ValueError) as raised:
+        heapstate.enable(session, codec="brotli")
+    assert str(raised.value) == (
+        "heapstate option codec must be one of zstd, lz4, snappy, none, not 'brotli'"
+    )
+    assert conf(session, PROVIDER_CONF) is None
+
+
+def test_a_class_the_session_cannot_load_is_a_clear_error(session: SparkSession) -> None:
+    with pytest.raises(RuntimeError) as raised:
+        require_provider_class(session, "heapstate.NoSuchProvider")
+    jars = session.sparkContext.getConf().get("spark.jars")
+    assert str(raised.value) == (
+        "heapstate.NoSuchProvider cannot be loaded in this session's JVM: the heapstate jar "
+        f"is not on its classpath (spark.jars = {jars!r}). A jar can only be added when the "
+        "session starts: build the session with heapstate.configure(SparkSession.builder), or "
+        "pass the flags of `heapstate submit-args` to spark-submit. The jar: "
+        f"{heapstate.jar_path()}"
+    )
+    require_provider_class(session)  # heapstate's own class loads
+
+
+def run_count(
+    spark: SparkSession, workdir: Path, batches: list[list[str]], first: int = 0
+) -> list[Any]:
+    """A streaming count per key with ``Trigger.AvailableNow`` after writing ``batches`` as
+    input files ``first``, ``first + 1``, ...; returns every micro-batch's output."""
+    for i, keys in enumerate(batches, start=first):
+        write_input_file(workdir / "in", i, [{"k": k} for k in keys])
+    out: list[Any] = []
+
+    def collect(df: DataFrame, batch_id: int) -> None:
+        out.append((batch_id, sorted_rows(df.collect())))
+
+    query = (
+        read_stream(spark, workdir / "in", "k STRING")
+        .groupBy("k")
+        .agg(F.count("*").alias("n"))
+        .writeStream.outputMode("update")
+        .option("checkpointLocation", str(workdir / "checkpoint"))
+        .trigger(availableNow=True)
+        .foreachBatch(collect)
+        .start()
+    )
+    try:
+        assert query.awaitTermination(240), "the query did not finish within 240 s"
+    finally:
+        if query.isActive:
+            query.stop()
+    return out
+
+
+def test_new_queries_follow_the_toggle(session: SparkSession, tmp_path: Path) -> None:
+    expected = [(0, [("a", 1), ("b", 1)]), (1, [("a", 2)])]
+    with heapstate.disabled(session):
+        off = run_count(session, tmp_path / "off", [["a", "b"], ["a"]])
+    with heapstate.enabled(session):
+        on = run_count(session, tmp_path / "on", [["a", "b"], ["a"]])
+    assert off == expected
+    assert on == expected
+    assert heapstate.checkpoint_provider(tmp_path / "off" / "checkpoint") == HDFS_PROVIDER
+    assert heapstate.checkpoint_provider(tmp_path / "on" / "checkpoint") == HEAPSTATE_PROVIDER
+    assert_checkpoint_written_by(tmp_path / "off" / "checkpoint", HDFS_PROVIDER)
+    assert_checkpoint_written_by(tmp_path / "on" / "checkpoint", HEAPSTATE_PROVIDER)
+    assert SHUFFLE_PARTITIONS == 2
+
+    # The toggle warns for a checkpoint of the other provider, and says what will happen.
+    off_cp, on_cp = tmp_path / "off" / "checkpoint", tmp_path / "on" / "checkpoint"
+    heapstate.disable(session)
+    with pytest.warns(heapstate.ProviderMismatchWarning) as caught:
+        heapstate.enable(session, checkpoint=[off_cp, on_cp])
+    assert [str(w.message) for w in caught] == [
+        (
+            f"checkpoint {off_cp} was made with {HDFS_PROVIDER} (pinned in offsets/1): "
+            f"heapstate.enable() sets {HEAPSTATE_PROVIDER} for new queries, but a query restarted "
+            "from this checkpoint keeps using HDFSBackedStateStoreProvider. To run that query on "
+            "heapstate, start it with a new checkpoint location (its state then starts empty)."
+        )
+    ]
+    with pytest.warns(heapstate.ProviderMismatchWarning) as caught:
+        heapstate.disable(session, checkpoint=[off_cp, on_cp])
+    assert [str(w.message) for w in caught] == [
+        (
+            f"checkpoint {on_cp} was made with {HEAPSTATE_PROVIDER} (pinned in offsets/1): "
+            f"heapstate.disable() sets {HDFS_PROVIDER} for new queries, but a query restarted "
+            "from this checkpoint keeps using HeapStateStoreProvider. It stays on "
+            "HeapStateStoreProvider, so that provider's jar must stay on the classpath for it."
+        )
+    ]
+
+    # Restarted with heapstate on, the HDFS checkpoint keeps HDFS: that is what was warned.
+    with heapstate.enabled(session):
+        more = run_count(session, tmp_path / "off", [["b"]], first=2)
+    assert more == [(2, [("b", 2)])]
+    assert heapstate.checkpoint_provider(off_cp) == HDFS_PROVIDER
+
+
+# --------------------------------------------------------------------------------------------
+# The examples in the docstrings run
+
+
+@pytest.fixture(scope="module")
+def heapstate_checkpoint(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    workdir = tmp_path_factory.mktemp("doc-checkpoint")
+    saved = spark.conf.get(PROVIDER_CONF, None)
+    spark.conf.set(PROVIDER_CONF, HEAPSTATE_PROVIDER)
+    try:
+        run_count(spark, workdir, [["x"]])
+    finally:
+        if saved is None:
+            spark.conf.unset(PROVIDER_CONF)
+        else:
+            spark.conf.set(PROVIDER_CONF, saved)
+    return workdir / "checkpoint"
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        heapstate._config,
+        heapstate._checkpoint,
+        heapstate._session,
+        heapstate._inspection,
+        heapstate.cli,
+    ],
+    ids=lambda m: m.__name__,
+)
+def test_docstring_examples_run(
+    module: Any, session: SparkSession, heapstate_checkpoint: Path, tmp_path: Path
+) -> None:
+    copy = tmp_path / "checkpoint"
+    shutil.copytree(heapstate_checkpoint, copy)
+    result = doctest.testmod(
+        module,
+        extraglobs={"spark": session, "checkpoint": str(copy)},
+        optionflags=doctest.ELLIPSIS,
+        raise_on_error=False,
+        verbose=False,
+    )
+    assert result.attempted > 0, f"{module.__name__} has no examples"
+    assert result.failed == 0, f"{result.failed} example(s) of {module.__name__} failed"

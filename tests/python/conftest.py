@@ -30,6 +30,7 @@ from typing import Any
 import heapstate
 import pytest
 from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import functions as F
 
 HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 HEAPSTATE_PROVIDER = heapstate.PROVIDER_CLASS
@@ -152,6 +153,38 @@ def _null_safe_key(value: Any) -> Any:
 def sorted_rows(rows: Sequence[Any]) -> Rows:
     """Rows as tuples in a total order that tolerates nulls."""
     return sorted((plain(r) for r in rows), key=_null_safe_key)
+
+
+def run_count_per_key(
+    spark: SparkSession, workdir: Path, batches: Sequence[Sequence[str]], first: int = 0
+) -> list[BatchOutput]:
+    """A streaming count per key ``k`` with ``Trigger.AvailableNow``, on the session's current
+    provider, after writing ``batches`` as input files ``first``, ``first + 1``, ... under
+    ``workdir / "in"``; the checkpoint is ``workdir / "checkpoint"``. Returns every micro-batch's
+    output (batch id, sorted rows)."""
+    for i, keys in enumerate(batches, start=first):
+        write_input_file(workdir / "in", i, [{"k": k} for k in keys])
+    out: list[BatchOutput] = []
+
+    def collect(df: DataFrame, batch_id: int) -> None:
+        out.append((batch_id, sorted_rows(df.collect())))
+
+    query = (
+        read_stream(spark, workdir / "in", "k STRING")
+        .groupBy("k")
+        .agg(F.count("*").alias("n"))
+        .writeStream.outputMode("update")
+        .option("checkpointLocation", str(workdir / "checkpoint"))
+        .trigger(availableNow=True)
+        .foreachBatch(collect)
+        .start()
+    )
+    try:
+        assert query.awaitTermination(240), "the query did not finish within 240 s"
+    finally:
+        if query.isActive:
+            query.stop()
+    return out
 
 
 Build = Callable[[Mapping[str, DataFrame]], DataFrame]

@@ -29,14 +29,12 @@ from conftest import (
     HEAPSTATE_PROVIDER,
     PROVIDER_CONF,
     SHUFFLE_PARTITIONS,
-    read_stream,
+    run_count_per_key,
     state_store_dirs,
-    write_input_file,
 )
 from heapstate._inspection import describe
 from heapstate.cli import main
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
 BATCHES = [["a", "b", "c"], ["d", "e"], ["f", "g", "h", "i"]]
 """Keys of each batch; no key occurs twice, so every key is new when its batch runs."""
@@ -44,33 +42,17 @@ BATCHES = [["a", "b", "c"], ["d", "e"], ["f", "g", "h", "i"]]
 
 def make_checkpoint(spark: SparkSession, workdir: Path, provider: str) -> Path:
     """Run a streaming count over ``BATCHES`` on ``provider``; return a copy of its checkpoint."""
-    for i, keys in enumerate(BATCHES):
-        write_input_file(workdir / "in", i, [{"k": k} for k in keys])
     saved = spark.conf.get(PROVIDER_CONF, None)
     spark.conf.set(PROVIDER_CONF, provider)
     try:
-        query = (
-            read_stream(spark, workdir / "in", "k STRING")
-            .groupBy("k")
-            .agg(F.count("*").alias("n"))
-            .writeStream.outputMode("update")
-            .option("checkpointLocation", str(workdir / "live"))
-            .trigger(availableNow=True)
-            .foreachBatch(lambda df, batch_id: df.collect())  # Spark checks every store commits
-            .start()
-        )
-        try:
-            assert query.awaitTermination(240), "the query did not finish within 240 s"
-        finally:
-            if query.isActive:
-                query.stop()
+        run_count_per_key(spark, workdir, BATCHES)
     finally:
         if saved is None:
             spark.conf.unset(PROVIDER_CONF)
         else:
             spark.conf.set(PROVIDER_CONF, saved)
-    copy = workdir / "checkpoint"
-    shutil.copytree(workdir / "live", copy)
+    copy = workdir / "copy"
+    shutil.copytree(workdir / "checkpoint", copy)
     return copy
 
 

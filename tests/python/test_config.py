@@ -29,13 +29,10 @@ from conftest import (
     PROVIDER_CONF,
     SHUFFLE_PARTITIONS,
     assert_checkpoint_written_by,
-    read_stream,
-    sorted_rows,
-    write_input_file,
+    run_count_per_key,
 )
 from heapstate._session import require_provider_class
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import SparkSession
 
 PREFIX = "spark.sql.streaming.stateStore.heapstate."
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -350,42 +347,12 @@ def test_a_class_the_session_cannot_load_is_a_clear_error(session: SparkSession)
     require_provider_class(session)  # heapstate's own class loads
 
 
-def run_count(
-    spark: SparkSession, workdir: Path, batches: list[list[str]], first: int = 0
-) -> list[Any]:
-    """A streaming count per key with ``Trigger.AvailableNow`` after writing ``batches`` as
-    input files ``first``, ``first + 1``, ...; returns every micro-batch's output."""
-    for i, keys in enumerate(batches, start=first):
-        write_input_file(workdir / "in", i, [{"k": k} for k in keys])
-    out: list[Any] = []
-
-    def collect(df: DataFrame, batch_id: int) -> None:
-        out.append((batch_id, sorted_rows(df.collect())))
-
-    query = (
-        read_stream(spark, workdir / "in", "k STRING")
-        .groupBy("k")
-        .agg(F.count("*").alias("n"))
-        .writeStream.outputMode("update")
-        .option("checkpointLocation", str(workdir / "checkpoint"))
-        .trigger(availableNow=True)
-        .foreachBatch(collect)
-        .start()
-    )
-    try:
-        assert query.awaitTermination(240), "the query did not finish within 240 s"
-    finally:
-        if query.isActive:
-            query.stop()
-    return out
-
-
 def test_new_queries_follow_the_toggle(session: SparkSession, tmp_path: Path) -> None:
     expected = [(0, [("a", 1), ("b", 1)]), (1, [("a", 2)])]
     with heapstate.disabled(session):
-        off = run_count(session, tmp_path / "off", [["a", "b"], ["a"]])
+        off = run_count_per_key(session, tmp_path / "off", [["a", "b"], ["a"]])
     with heapstate.enabled(session):
-        on = run_count(session, tmp_path / "on", [["a", "b"], ["a"]])
+        on = run_count_per_key(session, tmp_path / "on", [["a", "b"], ["a"]])
     assert off == expected
     assert on == expected
     assert heapstate.checkpoint_provider(tmp_path / "off" / "checkpoint") == HDFS_PROVIDER
@@ -420,7 +387,7 @@ def test_new_queries_follow_the_toggle(session: SparkSession, tmp_path: Path) ->
 
     # Restarted with heapstate on, the HDFS checkpoint keeps HDFS: that is what was warned.
     with heapstate.enabled(session):
-        more = run_count(session, tmp_path / "off", [["b"]], first=2)
+        more = run_count_per_key(session, tmp_path / "off", [["b"]], first=2)
     assert more == [(2, [("b", 2)])]
     assert heapstate.checkpoint_provider(off_cp) == HDFS_PROVIDER
 
@@ -435,7 +402,7 @@ def heapstate_checkpoint(spark: SparkSession, tmp_path_factory: pytest.TempPathF
     saved = spark.conf.get(PROVIDER_CONF, None)
     spark.conf.set(PROVIDER_CONF, HEAPSTATE_PROVIDER)
     try:
-        run_count(spark, workdir, [["x"]])
+        run_count_per_key(spark, workdir, [["x"]])
     finally:
         if saved is None:
             spark.conf.unset(PROVIDER_CONF)

@@ -73,19 +73,6 @@ final class ChangeSet(live: LiveState) {
   /** A copy of the changes, safe to iterate while the batch keeps writing. */
   def copy(): JHashMap[AnyRef, Array[Byte]] = new JHashMap[AnyRef, Array[Byte]](entries)
 
-  /** A stable copy of the changed keys and values, safe to hold while the batch keeps writing. */
-  def snapshotEntries(): Array[(Key, Array[Byte])] = {
-    val out = new Array[(Key, Array[Byte])](entries.size)
-    var i = 0
-    val it = entries.entrySet().iterator()
-    while (it.hasNext) {
-      val e = it.next()
-      out(i) = (e.getKey.asInstanceOf[Key], e.getValue)
-      i += 1
-    }
-    out
-  }
-
   /** The changed keys that share `prefix`, copied. */
   def keysWithPrefix(prefix: Key): Array[Key] = byPrefix match {
     case Some(index) =>

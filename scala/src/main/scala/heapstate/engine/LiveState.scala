@@ -49,7 +49,6 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   def memoryBytes: Long = liveBytes + undoBytes
   def contains(key: Key): Boolean = map.containsKey(key)
   def get(probe: AnyRef): Array[Byte] = map.get(probe)
-  def oldestUndoVersion: Option[Long] = Option(undo.firstEntry()).map(_.getKey.longValue)
 
   /** Loads a record while building a state from files (single-threaded, before publication). */
   def load(key: Key, value: Array[Byte]): Unit =

@@ -8,7 +8,7 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
 import org.apache.spark.sql.execution.streaming.checkpointing.{CheckpointFileManager, FileSystemBasedCheckpointFileManager}
 
-import heapstate.io.StateFileNames.{Journal, Kind, Snapshot, StateFile}
+import heapstate.io.StateFileNames.{Journal, Kind, StateFile}
 
 /**
  * The files of one state store directory, read and written through Spark's
@@ -43,12 +43,11 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
   def write(kind: Kind, version: Long, codec: Codec)(records: StateFileWriter => Unit): Long = {
     if (!dirReady) { fm.mkdirs(dir); dirReady = true }
     val path = if (kind == Journal) journalPath(version) else snapshotPath(version)
-    val kindByte = if (kind == Journal) StateFileFormat.KindJournal else StateFileFormat.KindSnapshot
     // Only a file that does not exist yet may go through `fastFm`: its rename silently keeps an
     // existing target. Overwrites (a re-run version) are rare and take Spark's default manager.
     val out = (if ((fastFm ne fm) && !fastFm.exists(path)) fastFm else fm).createAtomic(path, true)
     try {
-      val writer = new StateFileWriter(out, StateFileFormat.Header(kindByte, codec, version, partition))
+      val writer = new StateFileWriter(out, StateFileFormat.Header(kindByte(kind), codec, version, partition))
       records(writer)
       val size = writer.finish()
       out.close()
@@ -62,18 +61,20 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
 
   /** Reads `file`, handing records to the callbacks; see [[StateFileReader]] for the guarantees. */
   def read(file: StateFile)(onPut: (Array[Byte], Array[Byte]) => Unit, onDelete: Array[Byte] => Unit): StateFileFormat.Header = {
-    val kindByte = if (file.kind == Journal) StateFileFormat.KindJournal else StateFileFormat.KindSnapshot
     val in =
       try fm.open(file.path)
       catch {
         case e: FileNotFoundException =>
           throw new MissingStateFileException(file.path, file.version, s"it is missing (${e.getMessage})")
       }
-    try StateFileReader.read(in, file.length, file.path, file.version, kindByte, onPut, onDelete)
+    try StateFileReader.read(in, file.length, file.path, file.version, kindByte(file.kind), onPut, onDelete)
     finally in.close()
   }
 
   def exists(path: Path): Boolean = fm.exists(path)
+
+  private def kindByte(kind: Kind): Byte =
+    if (kind == Journal) StateFileFormat.KindJournal else StateFileFormat.KindSnapshot
 
   def delete(path: Path): Unit = fm.delete(path)
 }
@@ -101,6 +102,4 @@ object StateFiles {
     new MissingStateFileException(path, version, "it is missing, and no snapshot at or above an " +
       "earlier version can rebuild this version without it")
   }
-
-  def isSnapshot(f: StateFile): Boolean = f.kind == Snapshot
 }

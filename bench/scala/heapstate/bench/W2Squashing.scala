@@ -1,0 +1,106 @@
+package heapstate.bench
+
+import java.io.File
+import java.nio.file.{Files, Paths}
+import java.time.LocalDateTime
+import java.time.format.DateTimeFormatter
+import java.util.UUID
+
+import com.fasterxml.jackson.databind.ObjectMapper
+import org.apache.hadoop.conf.Configuration
+import org.apache.spark.sql.SparkSession
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow
+import org.apache.spark.sql.execution.streaming.state._
+import org.apache.spark.sql.internal.SQLConf
+import org.apache.spark.sql.types.{LongType, StructField, StructType}
+
+/**
+ * W2, squashing: one version in which each of U keys is written m times (m = 1, 10, 100), as
+ * state updated once per input row does; reports the bytes that version adds to the checkpoint
+ * (journal, delta or changelog) for each provider, side by side, with ratios against HDFS. The
+ * store is written directly, with no Spark job; every provider sees the same puts.
+ *
+ * {{{
+ *   bin/sbt "bench/runMain heapstate.bench.W2Squashing"
+ *   bin/sbt "bench/runMain heapstate.bench.W2Squashing --keys 10000"
+ * }}}
+ */
+object W2Squashing {
+  private val keySchema = StructType(Seq(StructField("k", LongType, nullable = false)))
+  private val valueSchema = StructType(Seq(StructField("count", LongType, nullable = false)))
+  private val CF = StateStore.DEFAULT_COL_FAMILY_NAME
+  private val Repeats = Seq(1, 10, 100)
+
+  def main(args: Array[String]): Unit = {
+    val opts = args.sliding(2, 2).collect { case Array(k, v) if k.startsWith("--") => k.drop(2) -> v }.toMap
+    val keys = opts.get("keys").map(_.toInt).getOrElse(10000)
+    val spark = SparkSession.builder().master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    spark.streams // starts the StateStoreCoordinator, as a streaming session has
+    val providers = W3StoreOps.Providers
+    val bytes = for (p <- providers; m <- Repeats) yield (p.name, m) -> versionBytes(p, keys, m)
+    spark.stop()
+    val table = bytes.toMap
+    println()
+    println(f"W2 squashing: one version in which each of $keys%,d keys is written m times; bytes it adds to the checkpoint")
+    println(("m" +: providers.map(_.name)).map(c => f"$c%-24s").mkString(" ") + "   (ratio to hdfs)")
+    for (m <- Repeats) {
+      val base = table(("hdfs", m)).toDouble
+      val cells = providers.map { p =>
+        val b = table((p.name, m))
+        f"$b%,d (${b / base}%.2fx)"
+      }
+      println((m.toString +: cells).map(c => f"$c%-24s").mkString(" "))
+    }
+    for (p <- providers) {
+      val growth = table((p.name, 100)).toDouble / table((p.name, 1))
+      println(f"${p.name}%-10s bytes at m=100 / m=1: $growth%.2f")
+    }
+    val out = Paths.get("bench", "results")
+    Files.createDirectories(out)
+    val file = out.resolve(s"w2-${LocalDateTime.now.format(DateTimeFormatter.ofPattern("yyyyMMdd-HHmmss"))}.json")
+    val json = new java.util.LinkedHashMap[String, AnyRef]()
+    json.put("benchmark", "W2"); json.put("keys", Int.box(keys)); json.put("spark", org.apache.spark.SPARK_VERSION)
+    val rows = new java.util.ArrayList[AnyRef]()
+    for (((name, m), b) <- bytes) {
+      val row = new java.util.LinkedHashMap[String, AnyRef]()
+      row.put("provider", name); row.put("m", Int.box(m)); row.put("version_bytes", Long.box(b)); rows.add(row)
+    }
+    json.put("results", rows)
+    Files.writeString(file, new ObjectMapper().writerWithDefaultPrettyPrinter().writeValueAsString(json))
+    println(s"\nJSON: $file")
+  }
+
+  /** Loads the keys as version 1, then writes version 2 with m puts per key; returns its file bytes. */
+  private def versionBytes(p: W3StoreOps.Provider, keys: Int, m: Int): Long = {
+    val root = Files.createTempDirectory(s"w2-${p.name}").toString
+    val sql = new SQLConf()
+    sql.setConfString("spark.sql.streaming.stateStore.commitValidation.enabled", "false")
+    p.confs.foreach { case (k, v) => sql.setConfString(k, v) }
+    val hadoop = new Configuration()
+    hadoop.set("sql.streaming.queryId", UUID.randomUUID().toString)
+    hadoop.set("sql.streaming.runId", UUID.randomUUID().toString)
+    val provider = StateStoreProvider.create(p.className)
+    provider.init(StateStoreId(root, 0, 0), keySchema, valueSchema, NoPrefixKeyStateEncoderSpec(keySchema),
+      false, new StateStoreConf(sql), hadoop, false, None)
+    val key = new UnsafeRow(1); key.pointTo(new Array[Byte](16), 16)
+    val value = new UnsafeRow(1); value.pointTo(new Array[Byte](16), 16)
+    val load = provider.getStore(0)
+    for (k <- 0 until keys) { key.setLong(0, k); value.setLong(0, 0); load.put(key, value, CF) }
+    load.commit()
+    val before = dirBytes(new File(root))
+    val store = provider.getStore(1)
+    for (i <- 1 to m; k <- 0 until keys) { key.setLong(0, k); value.setLong(0, i); store.put(key, value, CF) }
+    store.commit()
+    val added = dirBytes(new File(root)) - before
+    provider.close()
+    System.err.println(s"[w2] ${p.name} m=$m: $added bytes")
+    added
+  }
+
+  /** Bytes of the state files (temporary and checksum files excluded). */
+  private def dirBytes(f: File): Long =
+    if (f.isDirectory) Option(f.listFiles).toSeq.flatten.map(dirBytes).sum
+    else if (f.getName.startsWith(".") || f.getName.endsWith(".crc")) 0L
+    else f.length()
+}

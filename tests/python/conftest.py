@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
 import zipfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -153,6 +154,18 @@ def _null_safe_key(value: Any) -> Any:
 def sorted_rows(rows: Sequence[Any]) -> Rows:
     """Rows as tuples in a total order that tolerates nulls."""
     return sorted((plain(r) for r in rows), key=_null_safe_key)
+
+
+def copy_checkpoint(src: Path, dst: Path) -> Path:
+    """Copy a checkpoint's content to ``dst``.
+
+    Spark's maintenance thread may still be writing a snapshot after the query stopped, and the
+    temporary file of that atomic write (``.<name>.<uuid>.tmp``) can vanish mid-copy. Hidden
+    files (those temporary files and Hadoop's ``.crc`` checksums) are not part of a checkpoint's
+    content, so they are not copied.
+    """
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".*"))
+    return dst
 
 
 def run_count_per_key(

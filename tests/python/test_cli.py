@@ -29,6 +29,7 @@ from conftest import (
     HEAPSTATE_PROVIDER,
     PROVIDER_CONF,
     SHUFFLE_PARTITIONS,
+    copy_checkpoint,
     run_count_per_key,
     state_store_dirs,
 )
@@ -51,9 +52,7 @@ def make_checkpoint(spark: SparkSession, workdir: Path, provider: str) -> Path:
             spark.conf.unset(PROVIDER_CONF)
         else:
             spark.conf.set(PROVIDER_CONF, saved)
-    copy = workdir / "copy"
-    shutil.copytree(workdir / "checkpoint", copy)
-    return copy
+    return copy_checkpoint(workdir / "checkpoint", workdir / "copy")
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import doctest
 import json
-import shutil
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +28,7 @@ from conftest import (
     PROVIDER_CONF,
     SHUFFLE_PARTITIONS,
     assert_checkpoint_written_by,
+    copy_checkpoint,
     run_count_per_key,
 )
 from heapstate._session import require_provider_class
@@ -425,8 +425,7 @@ def heapstate_checkpoint(spark: SparkSession, tmp_path_factory: pytest.TempPathF
 def test_docstring_examples_run(
     module: Any, session: SparkSession, heapstate_checkpoint: Path, tmp_path: Path
 ) -> None:
-    copy = tmp_path / "checkpoint"
-    shutil.copytree(heapstate_checkpoint, copy)
+    copy = copy_checkpoint(heapstate_checkpoint, tmp_path / "checkpoint")
     result = doctest.testmod(
         module,
         extraglobs={"spark": session, "checkpoint": str(copy)},

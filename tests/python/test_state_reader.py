@@ -16,7 +16,6 @@ The same test runs on the HDFS provider, which proves the model and the expectat
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from conftest import (
     SHUFFLE_PARTITIONS,
     assert_checkpoint_written_by,
     committed_batches,
+    copy_checkpoint,
     event_time,
     minutes,
     plain,
@@ -274,8 +274,7 @@ def test_state_data_source_reads_checkpoint(
 
     # The snapshot really is the starting point: with partition 0's journals up to the first
     # snapshot gone (as retention would delete them), the read from that snapshot still works.
-    pruned = tmp_path / "pruned-checkpoint"
-    shutil.copytree(checkpoint, pruned)
+    pruned = copy_checkpoint(checkpoint, tmp_path / "pruned-checkpoint")
     first = versions[0]
     journal = "delta" if provider == HDFS_PROVIDER else "hs-journal"
     store = pruned / "state" / "0" / "0"

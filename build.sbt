@@ -61,6 +61,8 @@ lazy val bench = (project in file("bench"))
   .settings(
     name := "heapstate-bench",
     Compile / scalaSource := baseDirectory.value / "scala",
+    // `bench/run` is W3; other benchmarks (W2) run with `bench/runMain <class>`.
+    Compile / run / mainClass := Some("heapstate.bench.W3StoreOps"),
     Compile / resourceDirectory := baseDirectory.value / "resources",
     Compile / unmanagedJars ++= (root / sparkJarsDir).map(d => (d ** "*.jar").classpath).value,
     run / fork := true,

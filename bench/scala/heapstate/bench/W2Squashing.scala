@@ -4,15 +4,10 @@ import java.io.File
 import java.nio.file.{Files, Paths}
 import java.time.LocalDateTime
 import java.time.format.DateTimeFormatter
-import java.util.UUID
 
 import com.fasterxml.jackson.databind.ObjectMapper
-import org.apache.hadoop.conf.Configuration
 import org.apache.spark.sql.SparkSession
-import org.apache.spark.sql.catalyst.expressions.UnsafeRow
 import org.apache.spark.sql.execution.streaming.state._
-import org.apache.spark.sql.internal.SQLConf
-import org.apache.spark.sql.types.{LongType, StructField, StructType}
 
 /**
  * W2, squashing: one version in which each of U keys is written m times (m = 1, 10, 100), as
@@ -26,8 +21,6 @@ import org.apache.spark.sql.types.{LongType, StructField, StructType}
  * }}}
  */
 object W2Squashing {
-  private val keySchema = StructType(Seq(StructField("k", LongType, nullable = false)))
-  private val valueSchema = StructType(Seq(StructField("count", LongType, nullable = false)))
   private val CF = StateStore.DEFAULT_COL_FAMILY_NAME
   private val Repeats = Seq(1, 10, 100)
 
@@ -37,7 +30,7 @@ object W2Squashing {
     val spark = SparkSession.builder().master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     spark.streams // starts the StateStoreCoordinator, as a streaming session has
-    val providers = W3StoreOps.Providers
+    val providers = BenchStores.Providers
     val bytes = for (p <- providers; m <- Repeats) yield (p.name, m) -> versionBytes(p, keys, m)
     spark.stop()
     val table = bytes.toMap
@@ -72,19 +65,11 @@ object W2Squashing {
   }
 
   /** Loads the keys as version 1, then writes version 2 with m puts per key; returns its file bytes. */
-  private def versionBytes(p: W3StoreOps.Provider, keys: Int, m: Int): Long = {
+  private def versionBytes(p: BenchStores.Provider, keys: Int, m: Int): Long = {
     val root = Files.createTempDirectory(s"w2-${p.name}").toString
-    val sql = new SQLConf()
-    sql.setConfString("spark.sql.streaming.stateStore.commitValidation.enabled", "false")
-    p.confs.foreach { case (k, v) => sql.setConfString(k, v) }
-    val hadoop = new Configuration()
-    hadoop.set("sql.streaming.queryId", UUID.randomUUID().toString)
-    hadoop.set("sql.streaming.runId", UUID.randomUUID().toString)
-    val provider = StateStoreProvider.create(p.className)
-    provider.init(StateStoreId(root, 0, 0), keySchema, valueSchema, NoPrefixKeyStateEncoderSpec(keySchema),
-      false, new StateStoreConf(sql), hadoop, false, None)
-    val key = new UnsafeRow(1); key.pointTo(new Array[Byte](16), 16)
-    val value = new UnsafeRow(1); value.pointTo(new Array[Byte](16), 16)
+    val provider = BenchStores.open(p, root)
+    val key = BenchStores.longRow()
+    val value = BenchStores.longRow()
     val load = provider.getStore(0)
     for (k <- 0 until keys) { key.setLong(0, k); value.setLong(0, 0); load.put(key, value, CF) }
     load.commit()

@@ -1,21 +1,18 @@
 package heapstate.bench
 
+import heapstate.bench.BenchStores._
+
 import java.io.File
 import java.lang.management.ManagementFactory
 import java.nio.file.{Files, Paths}
 import java.time.LocalDateTime
 import java.time.format.DateTimeFormatter
-import java.util.UUID
 
 import scala.collection.mutable
 
 import com.fasterxml.jackson.databind.ObjectMapper
-import org.apache.hadoop.conf.Configuration
 import org.apache.spark.sql.SparkSession
-import org.apache.spark.sql.catalyst.expressions.UnsafeRow
 import org.apache.spark.sql.execution.streaming.state._
-import org.apache.spark.sql.internal.SQLConf
-import org.apache.spark.sql.types.{LongType, StructField, StructType}
 
 /**
  * W3, store operations (after FLIP-140's ValueStateBenchmark): drives `StateStore` directly,
@@ -35,28 +32,12 @@ import org.apache.spark.sql.types.{LongType, StructField, StructType}
  * }}}
  */
 object W3StoreOps {
-  final case class Provider(name: String, className: String, confs: Map[String, String])
-
-  val Providers: Seq[Provider] = Seq(
-    Provider("hdfs", "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider", Map.empty),
-    Provider("rocksdb", "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
-      Map("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled" -> "true")),
-    Provider("heapstate", "heapstate.HeapStateStoreProvider", Map.empty))
-
   final case class Size(keys: Seq[Int], ops: Int, updatesPerCycle: Int, warmups: Int, runs: Int, cycles: Int)
   val Sizes: Map[String, Size] = Map(
     "small" -> Size(Seq(10000, 100000), 50000, 10000, 2, 3, 5),
     "default" -> Size(Seq(10000, 1000000), 200000, 10000, 3, 5, 10))
 
-  private val keySchema = StructType(Seq(StructField("k", LongType, nullable = false)))
-  private val valueSchema = StructType(Seq(StructField("count", LongType, nullable = false)))
   private val CF = StateStore.DEFAULT_COL_FAMILY_NAME
-
-  private def longRow(): UnsafeRow = {
-    val row = new UnsafeRow(1)
-    row.pointTo(new Array[Byte](16), 16)
-    row
-  }
 
   def main(args: Array[String]): Unit = {
     val opts = args.sliding(2, 2).collect { case Array(k, v) if k.startsWith("--") => k.drop(2) -> v }.toMap
@@ -112,22 +93,6 @@ object W3StoreOps {
     Files.writeString(out, new ObjectMapper().writeValueAsString(json))
   }
 
-  private def storeConf(p: Provider): StateStoreConf = {
-    val sql = new SQLConf()
-    sql.setConfString("spark.sql.streaming.stateStore.commitValidation.enabled", "false")
-    sql.setConfString("spark.sql.streaming.minBatchesToRetain", "100")
-    p.confs.foreach { case (k, v) => sql.setConfString(k, v) }
-    new StateStoreConf(sql)
-  }
-
-  /** What a streaming query's Hadoop conf carries and the HDFS provider requires: a run id. */
-  private def hadoopConf(): Configuration = {
-    val conf = new Configuration()
-    conf.set("sql.streaming.queryId", UUID.randomUUID().toString)
-    conf.set("sql.streaming.runId", UUID.randomUUID().toString)
-    conf
-  }
-
   private def heapUsed(): Long = {
     for (_ <- 1 to 3) { System.gc(); Thread.sleep(100) }
     ManagementFactory.getMemoryMXBean.getHeapMemoryUsage.getUsed
@@ -138,9 +103,7 @@ object W3StoreOps {
   private def measure(p: Provider, keys: Int, size: Size): Map[String, Double] = {
     val root = Files.createTempDirectory(s"w3-${p.name}").toString
     val heapBefore = heapUsed()
-    val provider = StateStoreProvider.create(p.className)
-    provider.init(StateStoreId(root, 0, 0), keySchema, valueSchema, NoPrefixKeyStateEncoderSpec(keySchema),
-      false, storeConf(p), hadoopConf(), false, None)
+    val provider = open(p, root)
     val key = longRow()
     val value = longRow()
     val rnd = new scala.util.Random(42)

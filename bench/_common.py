@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -177,13 +178,70 @@ def run_worker(
         )
 
 
-def pyspark_submit_args(driver_memory: str, jars: Sequence[Path] = ()) -> str:
+def pyspark_submit_args(
+    driver_memory: str, jars: Sequence[Path] = (), gc_log: Path | None = None
+) -> str:
     """``PYSPARK_SUBMIT_ARGS`` for a worker: the driver's heap must be set before the JVM starts,
-    which a SparkSession builder conf cannot do once ``pyspark`` launches the gateway."""
+    which a SparkSession builder conf cannot do once ``pyspark`` launches the gateway. With
+    ``gc_log``, the driver JVM (which is also the executor under ``local[*]``) writes its GC log
+    there (``-Xlog:gc``, each line stamped with the epoch milliseconds; see ``gc_pauses``)."""
     parts = ["--driver-memory", driver_memory]
     if jars:
         parts += ["--jars", ",".join(str(j) for j in jars)]
+    if gc_log is not None:
+        if ":" in str(gc_log) or " " in str(gc_log):
+            raise SystemExit(f"GC log path {gc_log}: -Xlog cannot take ':' or ' ' in a path")
+        parts += ["--driver-java-options", f"-Xlog:gc:file={gc_log}:timemillis"]
     return " ".join([*parts, "pyspark-shell"])
+
+
+_GC_PAUSE = re.compile(r"^\[(\d+)ms\] GC\(\d+\) (Pause [^(]*?)\s*(?:\(.*\))?\s.*?([\d.]+)ms$")
+
+
+def gc_pauses(gc_log: Path) -> list[dict[str, Any]]:
+    """The stop-the-world pauses in a JVM's ``-Xlog:gc`` log written with the ``timemillis``
+    decorator: one record per pause with ``end_epoch_ms`` (when the line was logged, at the
+    pause's end), ``pause_ms`` and ``kind`` ("Pause Young", "Pause Full", "Pause Remark", ...).
+    Concurrent phases are not pauses and are left out."""
+    pauses: list[dict[str, Any]] = []
+    if not gc_log.exists():
+        return pauses
+    for line in gc_log.read_text(errors="replace").splitlines():
+        m = _GC_PAUSE.match(line.strip())
+        if m:
+            pauses.append(
+                {"end_epoch_ms": int(m.group(1)), "kind": m.group(2), "pause_ms": float(m.group(3))}
+            )
+    return pauses
+
+
+def pauses_between(pauses: Sequence[dict[str, Any]], start_ms: float, end_ms: float) -> list[float]:
+    """The pause times (ms) of ``pauses`` that ended within ``[start_ms, end_ms]`` (epoch ms)."""
+    return [p["pause_ms"] for p in pauses if start_ms <= p["end_epoch_ms"] <= end_ms]
+
+
+FILE_KINDS = ("journal", "snapshot", "rocksdb-sst", "rocksdb-zip", "other")
+"""What a state file is, for the split of checkpoint bytes: ``journal`` is a per-version log of
+changes (heapstate's ``.hs-journal``, HDFS's ``.delta``, RocksDB's ``.changelog``), ``snapshot``
+a full copy of a version (heapstate's ``.hs-snapshot``, HDFS's ``.snapshot``), ``rocksdb-sst``
+and ``rocksdb-zip`` RocksDB's uploaded SST files and its per-version zip of metadata and logs,
+``other`` everything else (operator metadata, schema files, checksum files)."""
+
+
+def file_kind(relpath: str) -> str:
+    """The kind (one of ``FILE_KINDS``) of a file under a checkpoint's ``state`` folder."""
+    name = os.path.basename(relpath)
+    if name.startswith("."):  # Hadoop's .crc checksums and temporary files
+        return "other"
+    if name.endswith((".hs-journal", ".delta", ".changelog")):
+        return "journal"
+    if name.endswith((".hs-snapshot", ".snapshot")):
+        return "snapshot"
+    if name.endswith(".sst"):
+        return "rocksdb-sst"
+    if name.endswith(".zip"):
+        return "rocksdb-zip"
+    return "other"
 
 
 class StateFiles:
@@ -191,7 +249,8 @@ class StateFiles:
 
     Cleanup (maintenance) can delete files between two looks, so two figures are kept:
     ``delta`` is the change of the folder's total, which can be negative, and ``new`` is the
-    bytes of files that appeared (or grew) since the last look, i.e. what was written.
+    bytes of files that appeared (or grew) since the last look, i.e. what was written. Both the
+    folder's total and the new bytes are also split by ``file_kind``.
     """
 
     def __init__(self, state_dir: Path) -> None:
@@ -211,18 +270,29 @@ class StateFiles:
                     continue
         return sizes
 
-    def step(self) -> dict[str, int]:
-        """Take a new inventory; return ``total``, ``delta``, ``new`` bytes and ``files``."""
+    def step(self) -> dict[str, Any]:
+        """Take a new inventory; return ``total``, ``delta``, ``new`` bytes, ``files``, and
+        ``total_by_kind`` and ``new_by_kind`` (bytes per ``file_kind``)."""
         now = self.inventory()
-        new = sum(
-            size - self.sizes.get(path, 0)
-            for path, size in now.items()
-            if size > self.sizes.get(path, 0)
-        )
+        total_by_kind = dict.fromkeys(FILE_KINDS, 0)
+        new_by_kind = dict.fromkeys(FILE_KINDS, 0)
+        for path, size in now.items():
+            kind = file_kind(path)
+            total_by_kind[kind] += size
+            grown = size - self.sizes.get(path, 0)
+            if grown > 0:
+                new_by_kind[kind] += grown
         total = sum(now.values())
         delta = total - sum(self.sizes.values())
         self.sizes = now
-        return {"total": total, "delta": delta, "new": new, "files": len(now)}
+        return {
+            "total": total,
+            "delta": delta,
+            "new": sum(new_by_kind.values()),
+            "files": len(now),
+            "total_by_kind": total_by_kind,
+            "new_by_kind": new_by_kind,
+        }
 
 
 def jvm_heap_after_gc(spark: Any, rounds: int = 3) -> dict[str, int]:
@@ -263,6 +333,10 @@ class Metric:
 
 def fmt_ms(value: float) -> str:
     return f"{value:,.0f} ms"
+
+
+def fmt_ms_fine(value: float) -> str:
+    return f"{value:,.1f} ms"
 
 
 def fmt_bytes(value: float) -> str:

@@ -23,7 +23,8 @@ file and times that first batch.
 It prints, per provider and with ratios to HDFS: median and max trigger ms (batches 2 and later),
 median commit ms, ``memoryUsedBytes``, the JVM's retained heap after full GCs, the bytes each batch
 adds under ``<checkpoint>/state`` (median, and max), the total after the last batch and the
-restart's first batch. Then heapstate's pass/fail lines for W1's targets. JSON with every
+restart's first batch, and the GC pauses of the steady batches from the JVM's own GC log
+(``-Xlog:gc``). Then heapstate's pass/fail lines for W1's targets. JSON with every
 per-batch figure goes to ``bench/results/w1-<timestamp>.json``.
 """
 
@@ -57,11 +58,14 @@ from _common import (
     StateFiles,
     fmt_bytes,
     fmt_ms,
+    fmt_ms_fine,
+    gc_pauses,
     jvm_heap_after_gc,
     maximum,
     median,
     parse_confs,
     parse_providers,
+    pauses_between,
     print_comparison,
     progress,
     pyspark_submit_args,
@@ -83,10 +87,16 @@ class Size:
     payload: int
     updates: int
     batches: int
+    restart: str = "fresh-process"
+    jvm: str = "per-provider"
 
 
 SIZES: dict[str, Size] = {
-    "small": Size(keys=20_000, payload=256, updates=2_000, batches=6),
+    # Small is a quick check that everything runs, in about a minute: all providers share one
+    # JVM and restart in it, rather than spending two JVM starts per provider.
+    "small": Size(
+        keys=10_000, payload=256, updates=1_000, batches=4, restart="same-process", jvm="shared"
+    ),
     "default": Size(keys=1_000_000, payload=256, updates=10_000, batches=15),
     "k4m": Size(keys=4_000_000, payload=64, updates=10_000, batches=15),
     "k100k": Size(keys=100_000, payload=256, updates=10_000, batches=15),
@@ -210,7 +220,9 @@ def _progress_of(query: Any, batch: int, timeout_s: float = 3600.0) -> dict[str,
         time.sleep(0.05)
 
 
-def _batch_record(p: dict[str, Any], wall_ms: float, files: dict[str, int]) -> dict[str, Any]:
+def _batch_record(
+    p: dict[str, Any], wall_ms: float, files: dict[str, Any], window: tuple[float, float]
+) -> dict[str, Any]:
     ops = p.get("stateOperators") or [{}]
     op = ops[0]
     return {
@@ -226,6 +238,10 @@ def _batch_record(p: dict[str, Any], wall_ms: float, files: dict[str, int]) -> d
         "state_bytes_delta": files["delta"],
         "state_bytes_new": files["new"],
         "state_files": files["files"],
+        "state_bytes_total_by_kind": files["total_by_kind"],
+        "state_bytes_new_by_kind": files["new_by_kind"],
+        "start_epoch_ms": round(window[0]),
+        "end_epoch_ms": round(window[1]),
         "duration_ms": p["durationMs"],
         "custom_metrics": op.get("customMetrics", {}),
     }
@@ -235,11 +251,11 @@ def _run_one_batch(
     spark_query: Any, spec: dict[str, Any], batch: int, files: StateFiles
 ) -> dict[str, Any]:
     data_dir, input_dir = Path(spec["data_dir"]), Path(spec["work_dir"]) / "input"
-    started = time.monotonic()
+    started, start_epoch = time.monotonic(), time.time() * 1000
     _drop_file(data_dir, input_dir, batch)
     p = _progress_of(spark_query, batch)
     wall_ms = (time.monotonic() - started) * 1000
-    return _batch_record(p, wall_ms, files.step())
+    return _batch_record(p, wall_ms, files.step(), (start_epoch, time.time() * 1000))
 
 
 def _describe(provider: str, what: str, rec: dict[str, Any]) -> str:
@@ -256,17 +272,18 @@ def _restart(spark: Any, spec: dict[str, Any], files: StateFiles) -> dict[str, A
     work = Path(spec["work_dir"])
     batch = spec["batches"]
     _drop_file(Path(spec["data_dir"]), work / "input", batch)
-    started = time.monotonic()
+    started, start_epoch = time.monotonic(), time.time() * 1000
     query = _start_query(spark, work / "input", work / "checkpoint")
     try:
         p = _progress_of(query, batch)
         wall_ms = (time.monotonic() - started) * 1000
+        end_epoch = time.time() * 1000
     finally:
         query.stop()
-    rec = _batch_record(p, wall_ms, files.step())
+    rec = _batch_record(p, wall_ms, files.step(), (start_epoch, end_epoch))
     rec["mode"] = spec["restart"]
     rec["state_bytes_before"] = rec["state_bytes_total"] - rec["state_bytes_delta"]
-    progress(_describe(spec["provider"], f"restart, batch {batch} ({spec['restart']})", rec))
+    progress(_describe(_run_name(spec), f"restart, batch {batch} ({spec['restart']})", rec))
     return rec
 
 
@@ -282,34 +299,75 @@ def _environment(spark: Any) -> dict[str, Any]:
     }
 
 
-def worker_run(spec: dict[str, Any]) -> None:
-    """Run the batches on a fresh checkpoint; optionally restart in this same process."""
+def _run_batches(spark: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    """Run the batches on a fresh checkpoint; then restart unless it runs in another process."""
     work = Path(spec["work_dir"])
     shutil.rmtree(work, ignore_errors=True)
     (work / "input").mkdir(parents=True)
+    result: dict[str, Any] = {
+        "environment": _environment(spark),
+        "maintenance_interval": spark.conf.get(MAINTENANCE_CONF),
+        "heap_baseline": jvm_heap_after_gc(spark),
+    }
+    files = StateFiles(work / "checkpoint" / "state")
+    query = _start_query(spark, work / "input", work / "checkpoint")
+    batches = []
+    try:
+        for batch in range(spec["batches"]):
+            rec = _run_one_batch(query, spec, batch, files)
+            batches.append(rec)
+            progress(_describe(_run_name(spec), f"batch {batch}/{spec['batches'] - 1}", rec))
+        # Taken while the query is live, so the loaded state stores count.
+        result["heap_after"] = jvm_heap_after_gc(spark)
+    finally:
+        query.stop()
+    result["batches"] = batches
+    if spec["restart"] == "same-process":
+        result["restart"] = _restart(spark, spec, files)
+    return result
+
+
+def worker_run(spec: dict[str, Any]) -> None:
+    """One provider's batches in this process's own JVM."""
     spark = _session(spec)
     try:
-        result: dict[str, Any] = {
-            "environment": _environment(spark),
-            "maintenance_interval": spark.conf.get(MAINTENANCE_CONF),
-            "heap_baseline": jvm_heap_after_gc(spark),
-        }
-        files = StateFiles(work / "checkpoint" / "state")
-        query = _start_query(spark, work / "input", work / "checkpoint")
-        batches = []
-        try:
-            for batch in range(spec["batches"]):
-                rec = _run_one_batch(query, spec, batch, files)
-                batches.append(rec)
-                progress(_describe(spec["provider"], f"batch {batch}/{spec['batches'] - 1}", rec))
-            # Taken while the query is live, so the loaded state stores count.
-            result["heap_after"] = jvm_heap_after_gc(spark)
-        finally:
-            query.stop()
-        result["batches"] = batches
-        if spec["restart"] == "same-process":
-            result["restart"] = _restart(spark, spec, files)
+        result = _run_batches(spark, spec)
         Path(spec["out"]).write_text(json.dumps(result, indent=2) + "\n")
+    finally:
+        spark.stop()
+
+
+def _run_name(spec: dict[str, Any]) -> str:
+    """A run's name in a shared JVM: the provider's, unless the spec names the run (W5 runs each
+    provider at several sizes)."""
+    return str(spec.get("run_name", spec["provider"]))
+
+
+def worker_run_shared(spec: dict[str, Any]) -> None:
+    """Every provider's batches, one after another, in this one JVM (``--jvm shared``).
+
+    The provider is a SQL conf that a query reads when it starts (and pins in its checkpoint),
+    so each provider's confs are set on the session before its query and unset after it."""
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
+
+    spark = _session({"provider": "shared", "spark_confs": spec["common_confs"]})
+    results: dict[str, Any] = {}
+    try:
+        for provider_spec in spec["providers"]:
+            confs = provider_spec["provider_confs"]
+            for key, value in confs.items():
+                spark.conf.set(key, value)
+            try:
+                results[_run_name(provider_spec)] = _run_batches(spark, provider_spec)
+            # One provider failing must not lose the others.
+            except (RuntimeError, TimeoutError, PySparkException, Py4JError) as err:
+                results[_run_name(provider_spec)] = {"error": f"{type(err).__name__}: {err}"}
+                progress(f"{provider_spec['provider']}: FAILED: {err}")
+            finally:
+                for key in confs:
+                    spark.conf.unset(key)
+        Path(spec["out"]).write_text(json.dumps(results, indent=2) + "\n")
     finally:
         spark.stop()
 
@@ -347,7 +405,12 @@ def worker_restart(spec: dict[str, Any]) -> None:
         spark.stop()
 
 
-WORKERS = {"generate": worker_generate, "run": worker_run, "restart": worker_restart}
+WORKERS = {
+    "generate": worker_generate,
+    "run": worker_run,
+    "run-shared": worker_run_shared,
+    "restart": worker_restart,
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -362,6 +425,14 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     trigger = [b["trigger_ms"] for b in steady if b["trigger_ms"] is not None]
     commit = [b["commit_ms"] for b in steady if b["commit_ms"] is not None]
     restart = run.get("restart") or {}
+    steady_pauses = [
+        pause
+        for b in steady
+        if b.get("start_epoch_ms") is not None
+        for pause in pauses_between(
+            run.get("gc_pauses", []), b["start_epoch_ms"], b["end_epoch_ms"]
+        )
+    ]
     heap_after = run.get("heap_after", {}).get("used")
     heap_base = run.get("heap_baseline", {}).get("used")
     return {
@@ -380,6 +451,9 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         "state_bytes_before_restart": restart.get("state_bytes_before"),
         "restart_trigger_ms": restart.get("trigger_ms"),
         "restart_wall_ms": restart.get("wall_ms"),
+        "gc_pause_ms_total": sum(steady_pauses) if "gc_pauses" in run else None,
+        "gc_pause_ms_max": max(steady_pauses, default=0.0) if "gc_pauses" in run else None,
+        "gc_pauses": len(steady_pauses) if "gc_pauses" in run else None,
     }
 
 
@@ -397,6 +471,8 @@ METRICS = [
     Metric("state_bytes_before_restart", "state bytes total before restart", fmt_bytes),
     Metric("restart_trigger_ms", "restart: first batch trigger", fmt_ms),
     Metric("restart_wall_ms", "restart: start to first batch", fmt_ms),
+    Metric("gc_pause_ms_total", f"GC pauses total (batch >= {STEADY_FROM})", fmt_ms_fine),
+    Metric("gc_pause_ms_max", f"GC longest pause (batch >= {STEADY_FROM})", fmt_ms_fine),
 ]
 
 
@@ -484,14 +560,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--restart",
         choices=["fresh-process", "same-process", "none"],
-        default="fresh-process",
-        help="where the restart runs: a new JVM (cold, the default) or the same one",
+        help="where the restart runs: a new JVM (cold; the default but for --size small) or "
+        "the same one",
     )
     parser.add_argument(
         "--restart-warmup",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="in a fresh-process restart, first warm the JVM up on a scratch checkpoint",
+    )
+    parser.add_argument(
+        "--jvm",
+        choices=["per-provider", "shared"],
+        help="each provider in its own Python and JVM (the default but for --size small), or "
+        "all in one (quicker; heap figures then include what earlier providers left behind)",
     )
     parser.add_argument("--maintenance-interval", help=f"sets {MAINTENANCE_CONF}")
     parser.add_argument(
@@ -513,6 +595,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.payload = args.payload if args.payload is not None else size.payload
     args.updates = args.updates if args.updates is not None else size.updates
     args.batches = args.batches if args.batches is not None else size.batches
+    args.restart = args.restart or size.restart
+    args.jvm = args.jvm or size.jvm
+    if args.jvm == "shared" and args.restart == "fresh-process":
+        parser.error("--jvm shared restarts in the same JVM: use --restart same-process or none")
     if args.batches < STEADY_FROM + 1:
         parser.error(f"--batches must be at least {STEADY_FROM + 1}")
     if min(args.keys, args.payload, args.updates) < 1:
@@ -527,20 +613,71 @@ def _spec_file(work_root: Path, name: str, spec: dict[str, Any]) -> Path:
 
 
 def run_provider(
-    python: str, spec: dict[str, Any], work_root: Path, log_dir: Path, env: dict[str, str]
+    python: str,
+    spec: dict[str, Any],
+    work_root: Path,
+    log_dir: Path,
+    driver_memory: str,
+    jars: list[Path],
 ) -> dict[str, Any]:
     """One provider's batches in a worker process, then its restart in a second one unless the
-    restart runs in the first (``same-process``) or not at all."""
-    name = spec["provider"]
+    restart runs in the first (``same-process``) or not at all. Each worker JVM writes a GC log
+    next to the worker's log; the run's pauses are kept under ``gc_pauses``."""
+    name = _run_name(spec)
     log = log_dir / f"{name}.log"
     phases = ["run"] + (["restart"] if spec["restart"] == "fresh-process" else [])
     run: dict[str, Any] = {"spark_confs": spec["spark_confs"]}
     for phase in phases:
         phase_spec = {**spec, "out": str(work_root / f"{name}.{phase}.json")}
         spec_path = _spec_file(work_root, f"{name}.{phase}", phase_spec)
+        gc_log = log_dir / f"{name}.{phase}.gc.log"
+        env = {"PYSPARK_SUBMIT_ARGS": pyspark_submit_args(driver_memory, jars, gc_log)}
         run_worker(python, SCRIPT, ["--worker", phase, "--spec", str(spec_path)], log, env)
         run.update(json.loads(Path(phase_spec["out"]).read_text()))
+        if phase == "run":
+            run["gc_pauses"] = gc_pauses(gc_log)
     return run
+
+
+def run_shared(
+    python: str,
+    specs: list[dict[str, Any]],
+    common_confs: dict[str, str],
+    work_root: Path,
+    log_dir: Path,
+    driver_memory: str,
+    jars: list[Path],
+) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """Every provider in one worker process and JVM (``--jvm shared``). Returns the runs of the
+    providers that succeeded and the errors of those that failed."""
+    out = work_root / "shared.run.json"
+    spec = {"providers": specs, "common_confs": common_confs, "out": str(out)}
+    gc_log = log_dir / "shared.run.gc.log"
+    env = {"PYSPARK_SUBMIT_ARGS": pyspark_submit_args(driver_memory, jars, gc_log)}
+    spec_path = _spec_file(work_root, "shared.run", spec)
+    run_worker(
+        python,
+        SCRIPT,
+        ["--worker", "run-shared", "--spec", str(spec_path)],
+        log_dir / "shared.log",
+        env,
+    )
+    pauses = gc_pauses(gc_log)
+    runs: dict[str, dict[str, Any]] = {}
+    failures: dict[str, str] = {}
+    results = json.loads(out.read_text())
+    for provider_spec in specs:
+        name = _run_name(provider_spec)
+        result = results.get(name, {"error": "no result"})
+        if "error" in result:
+            failures[name] = result["error"]
+        else:
+            runs[name] = {
+                "spark_confs": provider_spec["spark_confs"],
+                **result,
+                "gc_pauses": pauses,
+            }
+    return runs, failures
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -599,23 +736,31 @@ def main(argv: list[str] | None = None) -> int:
 
     runs: dict[str, dict[str, Any]] = {}
     failures: dict[str, str] = {}
+    specs = [
+        {
+            **params,
+            "provider": provider.name,
+            "data_dir": str(data_dir),
+            "work_dir": str(work_root / provider.name),
+            "spark_confs": {**provider.spark_confs(), **confs},
+            "provider_confs": provider.spark_confs(),
+            "restart": args.restart,
+            "restart_warmup": args.restart_warmup,
+        }
+        for provider in providers
+    ]
     try:
-        for provider in providers:
-            env = dict(submit_env)
-            if provider.needs_jar:
-                assert jar_copy is not None
-                env["PYSPARK_SUBMIT_ARGS"] = pyspark_submit_args(args.driver_memory, [jar_copy])
-            spec = {
-                **params,
-                "provider": provider.name,
-                "data_dir": str(data_dir),
-                "work_dir": str(work_root / provider.name),
-                "spark_confs": {**provider.spark_confs(), **confs},
-                "restart": args.restart,
-                "restart_warmup": args.restart_warmup,
-            }
+        if args.jvm == "shared":
+            jars = [jar_copy] if jar_copy is not None else []
+            runs, failures = run_shared(
+                python, specs, confs, work_root, log_dir, args.driver_memory, jars
+            )
+        for provider, spec in zip(providers, specs) if args.jvm == "per-provider" else ():
+            jars = [jar_copy] if provider.needs_jar and jar_copy is not None else []
             try:
-                runs[provider.name] = run_provider(python, spec, work_root, log_dir, env)
+                runs[provider.name] = run_provider(
+                    python, spec, work_root, log_dir, args.driver_memory, jars
+                )
             except RuntimeError as err:  # one provider failing must not lose the others
                 failures[provider.name] = str(err)
                 progress(f"{provider.name}: FAILED: {err}")
@@ -632,7 +777,7 @@ def main(argv: list[str] | None = None) -> int:
     title = (
         f"\nW1 incremental checkpoint: K={args.keys:,} P={args.payload} U={args.updates:,} "
         f"batches={args.batches}, Spark {environment['spark_version']}, "
-        f"driver {args.driver_memory}, restart {args.restart}"
+        f"driver {args.driver_memory}, restart {args.restart}, JVM {args.jvm}"
         + (" after warm-up" if args.restart == "fresh-process" and args.restart_warmup else "")
     )
     print_comparison(title, METRICS, summaries)
@@ -647,6 +792,7 @@ def main(argv: list[str] | None = None) -> int:
         "size": args.size,
         "driver_memory": args.driver_memory,
         "restart_mode": args.restart,
+        "jvm": args.jvm,
         "restart_warmup": args.restart_warmup and args.restart == "fresh-process",
         "steady_from_batch": STEADY_FROM,
         "maintenance_interval": {n: r.get("maintenance_interval") for n, r in runs.items()},

@@ -12,11 +12,34 @@ import org.apache.spark.sql.types.{LongType, StructField, StructType}
 object BenchStores {
   final case class Provider(name: String, className: String, confs: Map[String, String])
 
+  private val RocksDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+  private val Changelog = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
+
+  /** The providers compared, by the names bench/_common.py gives them, baseline first. */
   val Providers: Seq[Provider] = Seq(
     Provider("hdfs", "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider", Map.empty),
-    Provider("rocksdb", "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
-      Map("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled" -> "true")),
+    Provider("rocksdb-changelog", RocksDB, Map(Changelog -> "true")),
+    Provider("rocksdb", RocksDB, Map(Changelog -> "false")),
     Provider("heapstate", "heapstate.HeapStateStoreProvider", Map.empty))
+
+  /** `--name value` pairs of a command line. */
+  def options(args: Array[String]): Map[String, String] =
+    args.sliding(2, 2).collect { case Array(k, v) if k.startsWith("--") => k.drop(2) -> v }.toMap
+
+  /** The providers named by `--providers` (comma-separated), or all of them. */
+  def chosen(opts: Map[String, String]): Seq[Provider] =
+    opts.get("providers").map(_.split(",").toSeq.map(_.trim).filter(_.nonEmpty)).getOrElse(Providers.map(_.name))
+      .map(n => Providers.find(_.name == n).getOrElse(
+        sys.error(s"--providers: unknown provider $n; choose from ${Providers.map(_.name).mkString(", ")}")))
+
+  /** `--out`, or `bench/results/<prefix>-<timestamp>.json`. */
+  def outFile(opts: Map[String, String], prefix: String): java.nio.file.Path = {
+    val stamp = java.time.LocalDateTime.now.format(java.time.format.DateTimeFormatter.ofPattern("yyyyMMdd-HHmmss"))
+    val file = opts.get("out").map(java.nio.file.Paths.get(_))
+      .getOrElse(java.nio.file.Paths.get("bench", "results", s"$prefix-$stamp.json"))
+    Option(file.toAbsolutePath.getParent).foreach(java.nio.file.Files.createDirectories(_))
+    file
+  }
 
   /** A `long` key and a `long` value (a count). */
   val keySchema: StructType = StructType(Seq(StructField("k", LongType, nullable = false)))

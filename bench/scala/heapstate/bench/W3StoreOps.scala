@@ -5,8 +5,6 @@ import heapstate.bench.BenchStores._
 import java.io.File
 import java.lang.management.ManagementFactory
 import java.nio.file.{Files, Paths}
-import java.time.LocalDateTime
-import java.time.format.DateTimeFormatter
 
 import scala.collection.mutable
 
@@ -16,8 +14,8 @@ import org.apache.spark.sql.execution.streaming.state._
 
 /**
  * W3, store operations (after FLIP-140's ValueStateBenchmark): drives `StateStore` directly,
- * single-threaded, with no Spark job, for the HDFS provider, RocksDB (changelog checkpointing on)
- * and heapstate, side by side in one JVM.
+ * single-threaded, with no Spark job, for the HDFS provider, RocksDB with changelog checkpointing
+ * on and off, and heapstate, side by side in one invocation, each provider in its own JVM.
  *
  * For K keys (a `long` key and a `long` value, as a count), it measures operations per ms for
  * get (existing keys), update (put on existing keys), put (new keys) and remove, each on a store
@@ -34,17 +32,16 @@ import org.apache.spark.sql.execution.streaming.state._
 object W3StoreOps {
   final case class Size(keys: Seq[Int], ops: Int, updatesPerCycle: Int, warmups: Int, runs: Int, cycles: Int)
   val Sizes: Map[String, Size] = Map(
-    "small" -> Size(Seq(10000, 100000), 50000, 10000, 2, 3, 5),
+    "small" -> Size(Seq(10000, 100000), 10000, 10000, 1, 3, 3),
     "default" -> Size(Seq(10000, 1000000), 200000, 10000, 3, 5, 10))
 
   private val CF = StateStore.DEFAULT_COL_FAMILY_NAME
 
   def main(args: Array[String]): Unit = {
-    val opts = args.sliding(2, 2).collect { case Array(k, v) if k.startsWith("--") => k.drop(2) -> v }.toMap
+    val opts = options(args)
     val sizeName = opts.getOrElse("size", "small")
     val size = Sizes.getOrElse(sizeName, sys.error(s"--size must be one of ${Sizes.keys.mkString(", ")}"))
-    val chosen = opts.get("providers").map(_.split(",").toSeq).getOrElse(Providers.map(_.name))
-    val providers = chosen.map(n => Providers.find(_.name == n).getOrElse(sys.error(s"unknown provider $n")))
+    val providers = chosen(opts)
     opts.get("worker") match {
       case Some(out) => runWorker(providers.head, size, Paths.get(out))
       case None =>
@@ -65,7 +62,7 @@ object W3StoreOps {
             results((p.name, keys)) = figs.toMap
           }
         }
-        report(results.toMap, providers.map(_.name), size, sizeName)
+        report(results.toMap, providers.map(_.name), size, sizeName, outFile(opts, "w3"))
     }
   }
 
@@ -167,7 +164,8 @@ object W3StoreOps {
     f.delete()
   }
 
-  private def report(results: Map[(String, Int), Map[String, Double]], names: Seq[String], size: Size, sizeName: String): Unit = {
+  private def report(results: Map[(String, Int), Map[String, Double]], names: Seq[String], size: Size, sizeName: String,
+      file: java.nio.file.Path): Unit = {
     val figures = Seq(
       ("get ops/ms", "get_ops_per_ms", true), ("update ops/ms", "update_ops_per_ms", true),
       ("put (new key) ops/ms", "put_ops_per_ms", true), ("remove ops/ms", "remove_ops_per_ms", true),
@@ -188,13 +186,13 @@ object W3StoreOps {
         println((label.take(22) +: cells).map(c => f"$c%-22s").mkString(" "))
       }
     }
-    val out = Paths.get("bench", "results")
-    Files.createDirectories(out)
-    val file = out.resolve(s"w3-${LocalDateTime.now.format(DateTimeFormatter.ofPattern("yyyyMMdd-HHmmss"))}.json")
     val json = new java.util.LinkedHashMap[String, AnyRef]()
     json.put("benchmark", "W3")
     json.put("size", sizeName)
     json.put("spark", org.apache.spark.SPARK_VERSION)
+    json.put("java", System.getProperty("java.version"))
+    json.put("ops_per_run", Int.box(size.ops))
+    json.put("updates_per_cycle", Int.box(size.updatesPerCycle))
     val rows = new java.util.ArrayList[AnyRef]()
     for (((name, keys), figs) <- results) {
       val row = new java.util.LinkedHashMap[String, AnyRef]()

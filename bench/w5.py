@@ -1,0 +1,413 @@
+"""W5, growth: W1 at several key counts K with the updates per batch U fixed.
+
+As W5 in the project's BENCHMARKS.md describes, the batch cost of a provider that copies its map
+(HDFS) grows with K, while one that only touches the changed keys stays flat::
+
+    .venv/bin/python bench/w5.py --size small    # K = 5K, 10K, 20K: about a minute
+    .venv/bin/python bench/w5.py --size full     # K = 100K, 1M, 4M: 20 to 30 minutes
+    .venv/bin/python bench/w5.py --size full --providers hdfs,heapstate
+
+Each K is one W1 run (``bench/w1.py``: the same data, query, workers and per-batch records) with
+P=64 and no restart. Every worker JVM writes a GC log (``-Xlog:gc``), from which W1 takes the
+total and the longest stop-the-world pause inside the steady batches (2 and later).
+
+It prints one table per provider (a row per K: median trigger and commit, ``memoryUsedBytes``
+and the heap per key, GC pauses) and then the growth ratios, largest K over the one before it
+(4M over 1M at full size), of median trigger, median commit and memory per key, for every
+provider side by side, with heapstate's W5 targets as PASS/FAIL lines. JSON with every run's
+per-batch figures goes to ``bench/results/w5-<timestamp>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import platform
+import shutil
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import w1
+from _common import (
+    DEFAULT_PYTHON,
+    MAINTENANCE_CONF,
+    PROVIDERS,
+    RESULTS_DIR,
+    fmt_bytes,
+    fmt_ms,
+    fmt_ms_fine,
+    parse_confs,
+    parse_providers,
+    progress,
+    pyspark_submit_args,
+    resolve_jar,
+    run_worker,
+    timestamp,
+    write_json,
+)
+
+
+@dataclass(frozen=True)
+class Size:
+    keys: tuple[int, ...]
+    payload: int
+    updates: int
+    batches: int
+    driver_memory: str
+    jvm: str
+
+
+SIZES: dict[str, Size] = {
+    # A check that everything runs: every run in one JVM.
+    "small": Size((5_000, 10_000, 20_000), 64, 1_000, 4, "4g", "shared"),
+    # BENCHMARKS.md's reference: P=64, U=10K, 12 batches. HDFS needs a large heap at 4M keys.
+    "full": Size((100_000, 1_000_000, 4_000_000), 64, 10_000, 12, "12g", "per-provider"),
+}
+
+GROWTH_LIMIT = 1.2
+"""heapstate's median trigger and commit at the largest K, over those at the K before it."""
+PAUSE_LIMIT_MS = 50.0
+"""heapstate's aim for the longest GC pause in the steady batches at the largest K."""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--size", choices=sorted(SIZES), default="small")
+    parser.add_argument("--keys", help="comma-separated K values (overrides the size's)")
+    parser.add_argument("--payload", type=int, help="P: hex characters per value")
+    parser.add_argument("--updates", type=int, help="U: keys updated by each later batch")
+    parser.add_argument("--batches", type=int, help="batches per run (at least 3)")
+    parser.add_argument("--seed", type=int, default=42, help="seed of the updated keys")
+    parser.add_argument(
+        "--providers",
+        default="all",
+        help=f"comma-separated, run in this order: {','.join(PROVIDERS)} (default: all)",
+    )
+    parser.add_argument("--python", default=str(DEFAULT_PYTHON), help="the workers' Python")
+    parser.add_argument("--jar", help="the heapstate jar (default: heapstate.jar_path())")
+    parser.add_argument("--driver-memory", help="every run's driver heap (default: the size's)")
+    parser.add_argument("--jvm", choices=["per-provider", "shared"], help="as in w1.py")
+    parser.add_argument("--maintenance-interval", help=f"sets {MAINTENANCE_CONF}")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--work-dir", help="where checkpoints go (default: a temporary folder)")
+    parser.add_argument("--out", help="the JSON report (default: bench/results/w5-<time>.json)")
+    args = parser.parse_args(argv)
+    size = SIZES[args.size]
+    args.keys = [int(k) for k in args.keys.split(",")] if args.keys else list(size.keys)
+    args.payload = args.payload or size.payload
+    args.updates = args.updates or size.updates
+    args.batches = args.batches or size.batches
+    args.driver_memory = args.driver_memory or size.driver_memory
+    args.jvm = args.jvm or size.jvm
+    if len(args.keys) < 2 or args.keys != sorted(set(args.keys)):
+        parser.error("--keys must name at least two different K values, in increasing order")
+    if args.batches < w1.STEADY_FROM + 1:
+        parser.error(f"--batches must be at least {w1.STEADY_FROM + 1}")
+    if min(*args.keys, args.payload, args.updates) < 1:
+        parser.error("--keys, --payload and --updates must be positive")
+    return args
+
+
+def _growth(low: dict[str, Any], high: dict[str, Any], key: str) -> float | None:
+    a, b = low.get(key), high.get(key)
+    return b / a if a and b is not None else None
+
+
+def summarize(keys: int, run: dict[str, Any]) -> dict[str, Any]:
+    """W1's figures for one run, plus the memory per key."""
+    s = w1.summarize(run)
+    used = s.get("memory_used_bytes")
+    retained = s.get("heap_retained_over_baseline_bytes")
+    return {
+        **s,
+        "keys": keys,
+        "memory_used_bytes_per_key": used / keys if used is not None else None,
+        "heap_retained_per_key": retained / keys if retained is not None else None,
+    }
+
+
+def growth(summary: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Largest K over the K before it: median trigger, median commit, memory per key."""
+    ks = sorted(summary)
+    low, high = summary[ks[-2]], summary[ks[-1]]
+    return {
+        "from_keys": ks[-2],
+        "to_keys": ks[-1],
+        "trigger_ratio": _growth(low, high, "trigger_ms_median"),
+        "commit_ratio": _growth(low, high, "commit_ms_median"),
+        "memory_per_key_ratio": _growth(low, high, "memory_used_bytes_per_key"),
+        "heap_per_key_ratio": _growth(low, high, "heap_retained_per_key"),
+    }
+
+
+def targets(
+    summaries: dict[str, dict[int, dict[str, Any]]], growths: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """heapstate's W5 targets, each with its figure and verdict (None: not measured)."""
+    hs, hs_growth = summaries.get("heapstate"), growths.get("heapstate")
+    if hs is None or hs_growth is None:
+        return []
+    top = hs[max(hs)]
+    out: list[dict[str, Any]] = []
+    for key, what in (("trigger_ratio", "median trigger"), ("commit_ratio", "median commit")):
+        value = hs_growth[key]
+        out.append(
+            {
+                "target": f"{what} at K={hs_growth['to_keys']:,} <= {GROWTH_LIMIT}x "
+                f"K={hs_growth['from_keys']:,}",
+                "value": value,
+                "limit": GROWTH_LIMIT,
+                "pass": None if value is None else value <= GROWTH_LIMIT,
+            }
+        )
+    pause = top.get("gc_pause_ms_max")
+    out.append(
+        {
+            "target": f"longest GC pause at K={max(hs):,} < {PAUSE_LIMIT_MS:.0f} ms",
+            "value": pause,
+            "limit": PAUSE_LIMIT_MS,
+            "pass": None if pause is None else pause < PAUSE_LIMIT_MS,
+        }
+    )
+    rocks = summaries.get("rocksdb-changelog")
+    for k in sorted(hs):
+        mine = hs[k].get("trigger_ms_median")
+        theirs = rocks.get(k, {}).get("trigger_ms_median") if rocks else None
+        out.append(
+            {
+                "target": f"median trigger below RocksDB+changelog's at K={k:,}",
+                "value": mine,
+                "limit": theirs,
+                "pass": None if mine is None or theirs is None else mine < theirs,
+            }
+        )
+    return out
+
+
+def print_report(
+    title: str,
+    summaries: dict[str, dict[int, dict[str, Any]]],
+    growths: dict[str, dict[str, Any]],
+    verdicts: list[dict[str, Any]],
+) -> None:
+    print(title)
+    header = (
+        "provider",
+        "K",
+        "median trigger",
+        "max trigger",
+        "median commit",
+        "memoryUsedBytes",
+        "per key",
+        "heap per key",
+        "GC pauses",
+        "longest",
+    )
+    rows = [header]
+    for name, by_k in summaries.items():
+        for k in sorted(by_k):
+            s = by_k[k]
+
+            def cell(key: str, fmt: Any, s: dict[str, Any] = s) -> str:
+                return fmt(s[key]) if s.get(key) is not None else "-"
+
+            rows.append(
+                (
+                    PROVIDERS[name].label,
+                    f"{k:,}",
+                    cell("trigger_ms_median", fmt_ms),
+                    cell("trigger_ms_max", fmt_ms),
+                    cell("commit_ms_median", fmt_ms),
+                    cell("memory_used_bytes", fmt_bytes),
+                    cell("memory_used_bytes_per_key", lambda v: f"{v:,.0f} B"),
+                    cell("heap_retained_per_key", lambda v: f"{v:,.0f} B"),
+                    cell("gc_pause_ms_total", fmt_ms_fine),
+                    cell("gc_pause_ms_max", fmt_ms_fine),
+                )
+            )
+    _print_rows(rows)
+    print("\nGrowth, largest K over the K before it (1.00x is flat):")
+    rows = [("provider", "K", "median trigger", "median commit", "memory per key", "heap per key")]
+    for name, g in growths.items():
+
+        def r(key: str, g: dict[str, Any] = g) -> str:
+            return f"{g[key]:.2f}x" if g.get(key) is not None else "-"
+
+        rows.append(
+            (
+                PROVIDERS[name].label,
+                f"{g['from_keys']:,} -> {g['to_keys']:,}",
+                r("trigger_ratio"),
+                r("commit_ratio"),
+                r("memory_per_key_ratio"),
+                r("heap_per_key_ratio"),
+            )
+        )
+    _print_rows(rows)
+    if verdicts:
+        print("\nW5 targets for heapstate:")
+        for t in verdicts:
+            verdict = {True: "PASS", False: "FAIL", None: "n/a "}[t["pass"]]
+            detail = ""
+            if t["value"] is not None and t["limit"] is not None:
+                detail = f"  ({t['value']:,.2f} vs limit {t['limit']:,.2f})"
+            print(f"  {verdict}  {t['target']}{detail}")
+
+
+def _print_rows(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for i, row in enumerate(rows):
+        print(
+            "  ".join(
+                c.ljust(widths[j]) if j < 2 else c.rjust(widths[j]) for j, c in enumerate(row)
+            )
+        )
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    providers = parse_providers(args.providers)
+    python = args.python
+    if not Path(python).exists():
+        raise SystemExit(f"--python {python}: no such interpreter (run bin/setup first?)")
+    jar = resolve_jar(args.jar, python) if any(p.needs_jar for p in providers) else None
+    confs = parse_confs(args.conf)
+    if args.maintenance_interval:
+        confs[MAINTENANCE_CONF] = args.maintenance_interval
+    stamp = timestamp()
+    out = Path(args.out) if args.out else RESULTS_DIR / f"w5-{stamp}.json"
+    log_dir = out.with_suffix(".logs")
+    work_root = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="w5-"))
+    work_root.mkdir(parents=True, exist_ok=True)
+    jar_copy, jar_info = None, None
+    if jar is not None:  # a private copy: a rebuild during the run must not change the classes
+        jar_copy = work_root / "heapstate.jar"
+        shutil.copyfile(jar, jar_copy)
+        jar_info = {"path": str(jar), "sha256": hashlib.sha256(jar_copy.read_bytes()).hexdigest()}
+    progress(
+        f"W5: K={', '.join(f'{k:,}' for k in args.keys)} P={args.payload} U={args.updates:,} "
+        f"batches={args.batches}, providers {', '.join(p.name for p in providers)}, "
+        f"JVM {args.jvm}; logs in {log_dir}"
+    )
+
+    specs: list[dict[str, Any]] = []
+    for keys in args.keys:
+        params = {
+            "keys": keys,
+            "payload": args.payload,
+            "updates": args.updates,
+            "batches": args.batches,
+            "seed": args.seed,
+        }
+        data_dir = RESULTS_DIR / "data" / f"w1-k{keys}-p{args.payload}-u{args.updates}-s{args.seed}"
+        gen_spec = {**params, "files": args.batches + 1, "data_dir": str(data_dir)}
+        run_worker(
+            python,
+            w1.SCRIPT,
+            [
+                "--worker",
+                "generate",
+                "--spec",
+                str(w1._spec_file(work_root, f"gen-{keys}", gen_spec)),
+            ],
+            log_dir / "generate.log",
+            {"PYSPARK_SUBMIT_ARGS": pyspark_submit_args(args.driver_memory)},
+        )
+        for provider in providers:
+            specs.append(
+                {
+                    **params,
+                    "provider": provider.name,
+                    "run_name": f"{provider.name}@{keys}",
+                    "data_dir": str(data_dir),
+                    "work_dir": str(work_root / f"{provider.name}-{keys}"),
+                    "spark_confs": {**provider.spark_confs(), **confs},
+                    "provider_confs": provider.spark_confs(),
+                    "restart": "none",
+                    "restart_warmup": False,
+                }
+            )
+
+    runs: dict[str, dict[str, Any]] = {}
+    failures: dict[str, str] = {}
+    try:
+        if args.jvm == "shared":
+            jars = [jar_copy] if jar_copy is not None else []
+            runs, failures = w1.run_shared(
+                python, specs, confs, work_root, log_dir, args.driver_memory, jars
+            )
+        for spec in specs if args.jvm == "per-provider" else ():
+            name = spec["run_name"]
+            progress(f"W5: {name}")
+            jars = [jar_copy] if PROVIDERS[spec["provider"]].needs_jar and jar_copy else []
+            try:
+                runs[name] = w1.run_provider(
+                    python, spec, work_root, log_dir, args.driver_memory, jars
+                )
+            except RuntimeError as err:  # one run failing must not lose the others
+                failures[name] = str(err)
+                progress(f"{name}: FAILED: {err}")
+            shutil.rmtree(spec["work_dir"], ignore_errors=True)
+    finally:
+        if not args.work_dir:
+            shutil.rmtree(work_root, ignore_errors=True)
+    if not runs:
+        raise SystemExit(f"every run failed; logs in {log_dir}")
+
+    summaries: dict[str, dict[int, dict[str, Any]]] = {}
+    for spec in specs:
+        run = runs.get(spec["run_name"])
+        if run is not None:
+            summaries.setdefault(spec["provider"], {})[spec["keys"]] = summarize(spec["keys"], run)
+    growths = {name: growth(by_k) for name, by_k in summaries.items() if len(by_k) >= 2}
+    verdicts = targets(summaries, growths)
+    environment = next(iter(runs.values()))["environment"]
+    title = (
+        f"\nW5 growth: K={', '.join(f'{k:,}' for k in args.keys)} P={args.payload} "
+        f"U={args.updates:,} batches={args.batches}, Spark {environment['spark_version']}, "
+        f"driver {args.driver_memory}, JVM {args.jvm}"
+    )
+    print_report(title, summaries, growths, verdicts)
+
+    report = {
+        "benchmark": "W5",
+        "timestamp": stamp,
+        "size": args.size,
+        "params": {
+            "keys": args.keys,
+            "payload": args.payload,
+            "updates": args.updates,
+            "batches": args.batches,
+            "seed": args.seed,
+        },
+        "driver_memory": args.driver_memory,
+        "jvm": args.jvm,
+        "steady_from_batch": w1.STEADY_FROM,
+        "heapstate_jar": jar_info,
+        "python": python,
+        "host": {"machine": platform.machine(), "cpus": os.cpu_count()},
+        "git": w1._git_state(),
+        "environment": environment,
+        "providers": {p.name: asdict(p) for p in providers},
+        "summary": {n: {str(k): s for k, s in by_k.items()} for n, by_k in summaries.items()},
+        "growth": growths,
+        "targets": verdicts,
+        "runs": runs,
+        "failures": failures,
+    }
+    print(f"\nJSON: {write_json(out, report)}")
+    for name, err in failures.items():
+        print(f"{name} FAILED: {err.splitlines()[0]}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

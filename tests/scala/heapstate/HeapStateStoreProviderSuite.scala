@@ -155,14 +155,26 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
   test("every heapstate key is validated in init, naming the key and the allowed values") {
     val cases = Seq(
       "compactionInterval" -> "0", "compactionInterval" -> "-3", "compactionInterval" -> "ten",
-      "compressionCodec" -> "brotli", "undoVersions" -> "-1", "undoVersions" -> "1.5")
-    for ((name, value) <- cases) {
-      val root = tempDir()
+      "compactionInterval" -> "", "compactionInterval" -> "2.5", "compactionInterval" -> "99999999999",
+      "compressionCodec" -> "brotli", "compressionCodec" -> "", "compressionCodec" -> "-1",
+      "undoVersions" -> "-1", "undoVersions" -> "1.5", "undoVersions" -> "two", "undoVersions" -> "",
+      "undoVersions" -> "99999999999")
+    // An existing checkpoint, written with valid confs: a rejected conf must leave it as it is.
+    val existing = tempDir()
+    val good = provider(existing)
+    for (v <- 0 until 3) { val s = good.getStore(v, None, false, false); put(s, v, v); s.commit() }
+    good.close()
+    def snapshotOf(root: String): Seq[(String, Long, Long)] =
+      Option(storeDir(root).listFiles()).toSeq.flatten.map(f => (f.getName, f.length(), f.lastModified())).sorted
+    val before = snapshotOf(existing)
+    for ((name, value) <- cases; root <- Seq(tempDir(), existing)) {
       val key = s"spark.sql.streaming.stateStore.heapstate.$name"
       val e = intercept[IllegalArgumentException](provider(root, Map(key -> value)))
       assert(e.getMessage.contains(key) && e.getMessage.contains(s"'$value'") && e.getMessage.contains("expected"), e.getMessage)
-      assert(!new File(root).listFiles().exists(_ => true), "a rejected conf must not touch the checkpoint")
+      if (root == existing) assert(snapshotOf(root) == before, s"$key=$value touched the checkpoint")
+      else assert(!new File(root).listFiles().exists(_ => true), s"$key=$value touched the checkpoint")
     }
+    assert(contents(provider(existing).getReadStore(3, None)) == Map(0L -> 0L, 1L -> 1L, 2L -> 2L))
     val e = intercept[IllegalArgumentException](
       provider(tempDir(), Map("spark.sql.streaming.stateStore.heapstate.compactionIntervall" -> "5")))
     assert(e.getMessage.contains("compactionIntervall") && e.getMessage.contains("heapstate.compactionInterval"))

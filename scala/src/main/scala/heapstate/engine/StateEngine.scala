@@ -208,10 +208,13 @@ final class StateEngine(
       val from = candidate.map(_.version).getOrElse(0L)
       val missing = (from + 1 to version).find(v => !journals.contains(v))
       missing.foreach { v =>
-        // Every older candidate needs this journal too.
-        val err = StateFiles.missingJournal(files.dir, v)
-        if (skipped != null) err.addSuppressed(skipped)
-        throw err
+        // Every older candidate needs this journal too. If a newer snapshot was skipped as
+        // damaged, that snapshot is the file at fault: name it, not the long-deleted journal.
+        throw (
+          if (skipped == null) StateFiles.missingJournal(files.dir, v)
+          else new StateFileException(skipped.path, skipped.version,
+            s"it is damaged, and no older snapshot with journals can rebuild version $version " +
+              s"(journal $v is gone): ${skipped.getMessage}", skipped))
       }
       val st = new LiveState(prefixOf, from)
       val snapshotOk = candidate.forall { snap =>

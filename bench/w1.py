@@ -4,7 +4,7 @@ Compares heapstate, HDFS and RocksDB (with and without changelog checkpointing) 
 one invocation, as W1 in the project's BENCHMARKS.md describes::
 
     .venv/bin/python bench/w1.py --size small
-    .venv/bin/python bench/w1.py --size default --providers hdfs,rocksdb-changelog,heapstate
+    .venv/bin/python bench/w1.py --size full --providers hdfs,rocksdb-changelog,heapstate
     .venv/bin/python bench/w1.py --keys 200000 --payload 128 --updates 5000 --batches 10
     .venv/bin/python bench/w1.py --size small --python .venv-spark43/bin/python
 
@@ -97,7 +97,7 @@ SIZES: dict[str, Size] = {
     "small": Size(
         keys=10_000, payload=256, updates=1_000, batches=4, restart="same-process", jvm="shared"
     ),
-    "default": Size(keys=1_000_000, payload=256, updates=10_000, batches=15),
+    "full": Size(keys=1_000_000, payload=256, updates=10_000, batches=15),
     "k4m": Size(keys=4_000_000, payload=64, updates=10_000, batches=15),
     "k100k": Size(keys=100_000, payload=256, updates=10_000, batches=15),
 }

@@ -26,14 +26,14 @@ import org.apache.spark.sql.execution.streaming.state._
  *
  * {{{
  *   bin/sbt "bench/run --size small"
- *   bin/sbt "bench/run --size default --providers hdfs,heapstate"
+ *   bin/sbt "bench/run --size full --providers hdfs,heapstate"
  * }}}
  */
 object W3StoreOps {
   final case class Size(keys: Seq[Int], ops: Int, updatesPerCycle: Int, warmups: Int, runs: Int, cycles: Int)
   val Sizes: Map[String, Size] = Map(
     "small" -> Size(Seq(10000, 100000), 10000, 10000, 1, 3, 3),
-    "default" -> Size(Seq(10000, 1000000), 200000, 10000, 3, 5, 10))
+    "full" -> Size(Seq(10000, 1000000), 200000, 10000, 3, 5, 10))
 
   private val CF = StateStore.DEFAULT_COL_FAMILY_NAME
 

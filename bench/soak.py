@@ -77,6 +77,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--heap-every", type=int, default=10, help="heap sample every N batches")
     parser.add_argument("--heap-slack-mb", type=float, default=48.0)
     parser.add_argument("--provider", choices=sorted(PROVIDERS), default="heapstate")
+    parser.add_argument(
+        "--strict-lag-detection",
+        action="store_true",
+        help="make Spark's coordinator count a store as lagging after minDeltasForSnapshot "
+        "versions without a reported snapshot (50 by default) and check at every batch, so that "
+        "a provider that does not report its snapshots gets a forced snapshot on every commit "
+        "within a short run",
+    )
     parser.add_argument("--report-every", type=int, default=10, help="progress every N batches")
     parser.add_argument("--work-dir", help="where the checkpoint goes (default: a temporary one)")
     parser.add_argument("--out", help="the JSON report (default: bench/results/soak-<time>.json)")
@@ -156,6 +164,14 @@ def main(argv: list[str] | None = None) -> int:
         "spark.sql.streaming.minBatchesToRetain": str(args.retain),
         HEAPSTATE_PREFIX + "compactionInterval": str(args.compaction_interval),
     }
+    if args.strict_lag_detection:
+        confs.update(
+            {
+                "spark.sql.streaming.stateStore.multiplierForMinVersionDiffToLog": "1",
+                "spark.sql.streaming.stateStore.multiplierForMinTimeDiffToLog": "1",
+                "spark.sql.streaming.stateStore.snapshotLagReportInterval": "0",
+            }
+        )
     if provider.provider_class == HEAPSTATE_CLASS:
         import heapstate
 
@@ -282,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             "compaction_interval": args.compaction_interval,
             "retain": args.retain,
             "maintenance_interval": args.maintenance_interval,
+            "strict_lag_detection": args.strict_lag_detection,
         },
         "file_bound": bound,
         "final_store_files": final,

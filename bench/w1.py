@@ -115,6 +115,7 @@ def _session(spec: dict[str, Any]) -> Any:
         .appName(f"heapstate-bench-w1-{spec.get('provider', 'data')}")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
     )
     for key, value in spec.get("spark_confs", {}).items():
         builder = builder.config(key, value)

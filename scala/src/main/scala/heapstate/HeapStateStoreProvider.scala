@@ -1,11 +1,13 @@
 package heapstate
 
 import scala.jdk.CollectionConverters._
+import scala.util.control.NonFatal
 
 import org.apache.hadoop.conf.Configuration
 import org.apache.spark.sql.catalyst.expressions.{BoundReference, UnsafeProjection, UnsafeRow}
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.types.StructType
+import org.slf4j.LoggerFactory
 
 import heapstate.engine._
 import heapstate.io.{StateFiles, StateFileException}
@@ -92,7 +94,18 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
   override def doMaintenance(): Unit = { doSnapshotMaintenance(); doCleanupMaintenance() }
 
   /** Spark 4.3's maintenance thread calls the two halves separately. */
-  override def doSnapshotMaintenance(): Unit = if (engine != null) engine.snapshotIfDue()
+  override def doSnapshotMaintenance(): Unit = if (engine != null) engine.snapshotIfDue().foreach(reportSnapshot)
+
+  /**
+   * Tells Spark's coordinator about a snapshot; without these reports Spark 4.2 and later count
+   * the store as lagging after 50 versions and force a snapshot on every commit.
+   */
+  private def reportSnapshot(version: Long): Unit =
+    try SnapshotReports.snapshotWritten(storeConf, storeId, hadoopConf, version)
+    catch {
+      case NonFatal(e) => HeapStateStoreProvider.log.warn(s"heapstate: could not report the snapshot of version $version of $storeId " +
+        s"to Spark's state store coordinator: $e")
+    }
 
   override def doCleanupMaintenance(): Unit = if (engine != null && engine.isLoaded) engine.cleanup()
 
@@ -224,7 +237,7 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       if (storeConf.commitValidationEnabled) {
         StateStore.reportCommitToCoordinator(committed.version, storeId, hadoopConf)
       }
-      if (forceSnapshot) engine.snapshotIfDue(force = true)
+      if (forceSnapshot) engine.snapshotIfDue(force = true).foreach(reportSnapshot)
       committed.version
     }
 
@@ -290,6 +303,7 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
 }
 
 object HeapStateStoreProvider {
+  private val log = LoggerFactory.getLogger(classOf[HeapStateStoreProvider])
   private sealed trait Phase
   private case object Updating extends Phase
   private case object Committed extends Phase

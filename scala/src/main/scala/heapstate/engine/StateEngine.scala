@@ -4,7 +4,7 @@ import java.util.concurrent.locks.ReentrantLock
 
 import org.slf4j.LoggerFactory
 
-import heapstate.io.{Codec, StateFileException, StateFiles}
+import heapstate.io.{Codec, FaultInjection, StateFileException, StateFiles}
 import heapstate.io.StateFileNames.{Journal, Snapshot, StateFile}
 
 /** What the engine needs to know of the configuration. */
@@ -96,6 +96,7 @@ final class StateEngine(
       if (newestSnapshot >= newVersion) newestSnapshot = 0
     }
     highestKnownVersion = math.max(highestKnownVersion, newVersion)
+    FaultInjection.pause("published", files.journalPath(newVersion).toString)
     val byDepth = newVersion - settings.undoVersions
     val inProgress = snapshotInProgress
     st.applyCommit(changes, if (inProgress >= 0) math.min(byDepth, inProgress) else byDepth)

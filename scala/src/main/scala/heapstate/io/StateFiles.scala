@@ -50,6 +50,7 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
       val writer = new StateFileWriter(out, StateFileFormat.Header(kindByte(kind), codec, version, partition))
       records(writer)
       val size = writer.finish()
+      FaultInjection.pause(if (kind == Journal) "journal" else "snapshot", path.toString)
       out.close()
       size
     } catch {

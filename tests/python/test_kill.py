@@ -1,0 +1,152 @@
+"""SIGKILL at 20 points of a heapstate query, then restart: nothing is lost or doubled.
+
+``kill_job.py`` runs a windowed count on heapstate into the exactly-once file sink, in its own
+process, over 100 input files (one micro-batch each). This test kills it with SIGKILL 20 times,
+five at each of four kinds of point, restarting it from its checkpoint after each kill:
+
+- ``mid-batch``: at a random moment 0.2 to 2.5 s after the query started;
+- ``journal``: while a commit's journal is written, before it is renamed into place;
+- ``published``: after the journal is in place, before the live state changes and before Spark
+  records the batch as committed;
+- ``snapshot``: while maintenance writes a snapshot, before it is renamed into place.
+
+The last three are hit exactly through heapstate's fault injection (``FaultInjection.scala``):
+the JVM pauses at the n-th time it reaches the point (n drawn at random, so the query makes
+progress between kills) and prints a marker, and the test kills it during the pause. Then a last
+run without faults finishes the input, and its sink rows and final state (read with
+``spark.read.format("statestore")``) must equal those of an uninterrupted run on the same input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+JOB = Path(__file__).with_name("kill_job.py")
+FILES = 100
+POINTS = ("mid-batch", "journal", "published", "snapshot")
+KILLS_PER_POINT = 5
+WAIT_S = 180
+
+
+def write_inputs(directory: Path, files: int, seed: int) -> None:
+    """``files`` parquet files of 40 rows each: 12 keys, event times moving 40 s per file."""
+    directory.mkdir(parents=True)
+    rng = random.Random(seed)
+    base = datetime(2024, 1, 1)
+    schema = pa.schema([("k", pa.int64()), ("t", pa.timestamp("us"))])
+    for i in range(files):
+        ks = [rng.randrange(12) for _ in range(40)]
+        ts = [base + timedelta(seconds=40 * i + rng.uniform(0, 40)) for _ in range(40)]
+        hidden = directory / f".part-{i:04d}.parquet"
+        pq.write_table(pa.table({"k": ks, "t": ts}, schema=schema), hidden)
+        os.replace(hidden, directory / f"part-{i:04d}.parquet")
+        # The file source orders files by modification time: keep it strictly increasing.
+        os.utime(directory / f"part-{i:04d}.parquet", (1_700_000_000 + i, 1_700_000_000 + i))
+
+
+def start(work: Path, name: str, pause: str | None, result: Path | None) -> subprocess.Popen[str]:
+    env = dict(os.environ)
+    java = f"--driver-java-options -Dheapstate.faultInjection.pause={pause} " if pause else ""
+    env["PYSPARK_SUBMIT_ARGS"] = java + "pyspark-shell"
+    cmd = [sys.executable, str(JOB), "--input", str(work / "input")]
+    cmd += ["--checkpoint", str(work / name / "checkpoint"), "--sink", str(work / name / "sink")]
+    if result:
+        cmd += ["--result", str(result)]
+    return subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, bufsize=1
+    )
+
+
+def lines_of(proc: subprocess.Popen[str]) -> queue.Queue[str | None]:
+    """The process's stderr lines, read on a thread; ``None`` marks its end."""
+    q: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            q.put(line.rstrip("\n"))
+        q.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return q
+
+
+def wait_for(q: queue.Queue[str | None], marker: str, tail: list[str]) -> str | None:
+    """The first line starting with ``marker``, or None if the process ended first."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            line = q.get(timeout=1)
+        except queue.Empty:
+            continue
+        if line is None:
+            return None
+        tail.append(line)
+        del tail[:-30]
+        if line.startswith(marker):
+            return line
+    raise TimeoutError(f"no {marker!r} within {WAIT_S} s; stderr ends with:\n" + "\n".join(tail))
+
+
+def run_to_end(work: Path, name: str) -> dict[str, object]:
+    result = work / f"{name}.json"
+    proc = start(work, name, None, result)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-4000:]
+    return json.loads(result.read_text())
+
+
+def test_twenty_kills_lose_nothing(tmp_path: Path) -> None:
+    rng = random.Random(20261121)
+    write_inputs(tmp_path / "input", FILES, seed=7)
+    kills: list[dict[str, object]] = []
+    plan = [p for _ in range(KILLS_PER_POINT) for p in POINTS]
+    for point in plan:
+        nth = {"journal": rng.randint(1, 6), "published": rng.randint(1, 6)}.get(point)
+        nth = rng.randint(1, 2) if point == "snapshot" else nth
+        pause = f"{point}:{nth}:20000" if nth else None
+        proc = start(tmp_path, "killed", pause, None)
+        q, tail = lines_of(proc), []
+        try:
+            marker = wait_for(q, "KILLJOB-STARTED", tail)
+            if marker and point != "mid-batch":
+                marker = wait_for(q, "HEAPSTATE-PAUSE", tail)
+            if marker:
+                time.sleep(rng.uniform(0.2, 2.5) if point == "mid-batch" else rng.uniform(0, 0.2))
+        finally:
+            alive = proc.poll() is None
+            if alive:
+                proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        assert alive and marker, (
+            f"kill {len(kills) + 1} ({point}): the job ended before it could be killed "
+            f"(exit {proc.returncode}); the input ran out too early or it failed:\n"
+            + "\n".join(tail)
+        )
+        assert proc.returncode == -signal.SIGKILL
+        kills.append({"point": point, "marker": marker})
+    assert len(kills) == len(POINTS) * KILLS_PER_POINT == 20
+    for point in POINTS[1:]:
+        hit = [k for k in kills if k["point"] == point]
+        assert len(hit) == KILLS_PER_POINT
+        assert all(str(k["marker"]).startswith(f"HEAPSTATE-PAUSE {point} ") for k in hit)
+
+    recovered = run_to_end(tmp_path, "killed")
+    reference = run_to_end(tmp_path, "uninterrupted")
+    assert recovered["provider"] == reference["provider"] == "heapstate.HeapStateStoreProvider"
+    assert reference["sink"] and reference["state"]
+    assert recovered["sink"] == reference["sink"]
+    assert recovered["state"] == reference["state"]

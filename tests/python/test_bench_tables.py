@@ -1,0 +1,243 @@
+"""The benchmarks' results table rows (``bench/results_table.py``) and the README's performance
+tables (``bench/report.py``), from small hand-written reports: no Spark, exact figures."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+import report  # bench/ is a folder of scripts, put on the path above
+import results_table
+
+W1: dict[str, Any] = {
+    "benchmark": "W1",
+    "timestamp": "20260101-120000",
+    "size": "small",
+    "params": {"keys": 100, "payload": 8, "updates": 10, "batches": 2, "seed": 1},
+    "git": {"commit": "0123456789abcdef", "dirty": False},
+    "environment": {"spark_version": "4.2.0", "java_version": "17.0.15", "python": "3.11.7"},
+    "host": {"machine": "x86_64", "cpus": 2, "cpu_model": "Test CPU", "memory_bytes": 8 * 2**30},
+    "maintenance_interval": {"hdfs": "5s", "heapstate": "5s"},
+    "restart_mode": "same-process",
+    "driver_memory": "1g",
+    "summary": {
+        "hdfs": {"trigger_ms_median": 100.0, "memory_used_bytes": 2_000_000, "gc_pauses": None},
+        "heapstate": {"trigger_ms_median": 50.0, "memory_used_bytes": 3_000_000},
+    },
+    "runs": {
+        "hdfs": {
+            "batches": [
+                {
+                    "batch": 0,
+                    "trigger_ms": 900,
+                    "commit_ms": None,
+                    "state_bytes_total_by_kind": {"journal": 10, "snapshot": 0},
+                    "duration_ms": {"addBatch": 5},
+                    "custom_metrics": {},
+                }
+            ],
+            "restart": {"batch": 2, "trigger_ms": 70, "mode": "same-process"},
+            "heap_after": {"used": 5},
+            "gc_pauses": [{"end_epoch_ms": 1, "kind": "Pause Young", "pause_ms": 2.0}],
+        }
+    },
+    "targets": [
+        {
+            "target": "memoryUsedBytes <= HDFS",
+            "value": 3_000_000,
+            "limit": 2_000_000.0,
+            "pass": False,
+        }
+    ],
+}
+
+
+def figures(rows: list[dict[str, Any]]) -> set[tuple[Any, ...]]:
+    """The rows' figures, each with its scale point: (scope, provider, keys, cardinality, mode,
+    writes_per_key, batch, metric, value). The rows of one report are all different."""
+    keys = ("scope", "provider", "keys", "cardinality", "mode", "writes_per_key", "batch")
+    found = [(*(r[k] for k in keys), r["metric"], r["value"]) for r in rows]
+    assert len(set(found)) == len(found), "a figure appears twice"
+    return set(found)
+
+
+def test_w1_rows() -> None:
+    rows = results_table.rows_from_report(W1, Path("w1-20260101-120000.json"))
+    assert {tuple(r) for r in rows} == {results_table.COLUMNS}
+    assert {
+        (r["run_id"], r["benchmark"], r["timestamp"], r["size"], r["git_commit"], r["git_dirty"])
+        for r in rows
+    } == {
+        (
+            "w1-20260101-120000",
+            "W1",
+            dt.datetime(2026, 1, 1, 12),
+            "small",
+            W1["git"]["commit"],
+            False,
+        )
+    }
+    assert {r["spark_version"] for r in rows} == {"4.2.0"}
+    assert figures(rows) == {
+        ("summary", "hdfs", 100, None, None, None, None, "trigger_ms_median", 100.0),
+        ("summary", "hdfs", 100, None, None, None, None, "memory_used_bytes", 2e6),
+        ("summary", "heapstate", 100, None, None, None, None, "trigger_ms_median", 50.0),
+        ("summary", "heapstate", 100, None, None, None, None, "memory_used_bytes", 3e6),
+        ("batch", "hdfs", 100, None, None, None, 0, "trigger_ms", 900.0),
+        ("batch", "hdfs", 100, None, None, None, 0, "state_bytes_total_by_kind.journal", 10.0),
+        ("batch", "hdfs", 100, None, None, None, 0, "state_bytes_total_by_kind.snapshot", 0.0),
+        ("batch", "hdfs", 100, None, None, None, 0, "duration_ms.addBatch", 5.0),
+        ("restart", "hdfs", 100, None, None, None, 2, "trigger_ms", 70.0),
+        ("summary", "hdfs", 100, None, None, None, None, "heap_after.used", 5.0),
+    }
+
+
+def test_w2_w3_rows_take_the_timestamp_from_the_file_name() -> None:
+    w2 = {
+        "benchmark": "W2",
+        "size": "small",
+        "keys": 1000,
+        "spark": "4.3.0",
+        "results": [{"provider": "heapstate", "m": 10, "version_bytes": 1761}],
+    }
+    w3 = {
+        "benchmark": "W3",
+        "spark": "4.3.0",
+        "results": [{"provider": "hdfs", "keys": 10_000, "get_ops_per_ms": 3321.5}],
+    }
+    rows2 = results_table.rows_from_report(w2, Path("results/w2-20261121-144633.json"))
+    rows3 = results_table.rows_from_report(w3, Path("w3-20261121-144826.json"))
+    assert [(r["run_id"], r["spark_version"], r["git_commit"]) for r in rows2 + rows3] == [
+        ("w2-20261121-144633", "4.3.0", None),
+        ("w3-20261121-144826", "4.3.0", None),
+    ]
+    assert figures(rows2) == {
+        ("result", "heapstate", 1000, None, None, 10, None, "version_bytes", 1761.0)
+    }
+    assert figures(rows3) == {
+        ("result", "hdfs", 10_000, None, None, None, None, "get_ops_per_ms", 3321.5)
+    }
+    with pytest.raises(ValueError, match="no 'timestamp' and its name holds none"):
+        results_table.rows_from_report(w3, Path("w3.json"))
+
+
+def test_w4_w5_rows() -> None:
+    w4 = {
+        "benchmark": "W4",
+        "timestamp": "20261121-145515",
+        "results": [
+            {
+                "cardinality": 20,
+                "mode": "unbuffered",
+                "provider": None,
+                "provider_label": "unbuffered",
+                "rows_downstream": 120,
+                "matches_unbuffered": None,
+                "mismatches": [],
+                "batches": [{"batch": 0, "rows_merged": 20, "merged": True}],
+            },
+            {
+                "cardinality": 20,
+                "mode": "buffered",
+                "provider": "heapstate",
+                "rows_downstream": 40,
+                "matches_unbuffered": True,
+                "batches": [],
+            },
+        ],
+    }
+    assert figures(results_table.rows_from_report(w4, Path("w4.json"))) == {
+        ("result", None, None, 20, "unbuffered", None, None, "rows_downstream", 120.0),
+        ("batch", None, None, 20, "unbuffered", None, 0, "rows_merged", 20.0),
+        ("batch", None, None, 20, "unbuffered", None, 0, "merged", 1.0),
+        ("result", "heapstate", None, 20, "buffered", None, None, "rows_downstream", 40.0),
+        ("result", "heapstate", None, 20, "buffered", None, None, "matches_unbuffered", 1.0),
+    }
+    w5 = {
+        "benchmark": "W5",
+        "timestamp": "20261121-144231",
+        "summary": {"hdfs": {"5000": {"keys": 5000, "trigger_ms_median": 698.0}}},
+        "runs": {"hdfs@5000": {"batches": [{"batch": 3, "commit_ms": 228}]}},
+        "growth": {"hdfs": {"from_keys": 5000, "to_keys": 10000, "trigger_ratio": 0.87}},
+    }
+    assert figures(results_table.rows_from_report(w5, Path("w5.json"))) == {
+        ("summary", "hdfs", 5000, None, None, None, None, "trigger_ms_median", 698.0),
+        ("batch", "hdfs", 5000, None, None, None, 3, "commit_ms", 228.0),
+        ("growth", "hdfs", 10000, None, None, None, None, "from_keys", 5000.0),
+        ("growth", "hdfs", 10000, None, None, None, None, "trigger_ratio", 0.87),
+    }
+
+
+def test_unknown_benchmark_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"x\.json: 'benchmark' is 'W9'; expected one of W1"):
+        results_table.rows_from_report({"benchmark": "W9"}, Path("x.json"))
+
+
+def test_w1_section() -> None:
+    assert report.w1_section(W1, Path("w1-20260101-120000.json")) == [
+        (
+            "**W1, incremental checkpoint** (`bench/w1.py --size small`, "
+            "`w1-20260101-120000.json`): K=100 keys, 8-character payloads, 10 keys updated per "
+            "batch, 2 batches, maintenance interval 5s, driver heap 1g, restart in the same JVM. "
+            "Ratios are against HDFS; every figure is lower-is-better."
+        ),
+        "",
+        "| figure | HDFS | heapstate |",
+        "|---|---|---|",
+        "| median trigger, batches >= 2 | 100 ms | **50 ms (0.50x)** |",
+        "| memoryUsedBytes | 2.00 MB | 3.00 MB (1.50x) |",
+        "",
+        "heapstate's W1 targets in this run:",
+        "",
+        "- FAIL: memoryUsedBytes <= HDFS (3.00 MB against 2.00 MB)",
+        "",
+        (
+            "Where heapstate is not the lowest in this run: memoryUsedBytes (HDFS 2.00 MB, "
+            "heapstate 3.00 MB)."
+        ),
+    ]
+
+
+def test_render_and_replace_block(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "w1_latency.png").write_bytes(b"")
+    block = report.render((W1, Path("w1.json")), None, tmp_path / "docs", tmp_path)
+    lines = block.splitlines()
+    machine = lines.index("- Machine: Test CPU, 2 cores, 8 GiB RAM")
+    assert lines[machine : machine + 4] == [
+        "- Machine: Test CPU, 2 cores, 8 GiB RAM",
+        "- Java 17.0.15, Spark 4.2.0 (pyspark), Python 3.11.7",
+        "- heapstate at commit `0123456789`",
+        "",
+    ]
+    assert lines[-1] == "![W1: trigger and commit time per batch](docs/w1_latency.png)"
+    assert max(len(line) for line in lines if not line.startswith("|")) <= 100
+    readme = f"# x\n\ntext\n{report.BEGIN}\nold table\n{report.END}\nmore\n"
+    once = report.replace_block(readme, block, "README.md")
+    assert once == f"# x\n\ntext\n{report.BEGIN}\n{block}{report.END}\nmore\n"
+    assert report.replace_block(once, block, "README.md") == once
+    with pytest.raises(SystemExit, match="README.md: needs exactly one"):
+        report.replace_block("no markers", block, "README.md")
+
+
+def test_newest_picks_by_size_and_timestamp(tmp_path: Path) -> None:
+    for name, size, stamp in (
+        ("w1-a.json", "default", "20260101-000000"),
+        ("w1-b.json", "default", "20260102-000000"),
+        ("w1-c.json", "small", "20260103-000000"),
+    ):
+        (tmp_path / name).write_text(
+            f'{{"benchmark": "W1", "size": "{size}", "timestamp": "{stamp}"}}'
+        )
+    (tmp_path / "w1-partial.json").write_text('{"benchmark": "W1", "si')
+    assert report.newest(tmp_path, "W1", "default") == tmp_path / "w1-b.json"
+    assert report.newest(tmp_path, "W1", "small") == tmp_path / "w1-c.json"
+    assert report.newest(tmp_path, "W5", "full") is None

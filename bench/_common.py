@@ -391,6 +391,25 @@ def print_comparison(
         print(f"(ratios are against {PROVIDERS[BASELINE].label})", file=out)
 
 
+def host_info() -> dict[str, Any]:
+    """The machine a report was measured on: architecture, cores, CPU model and memory."""
+    import platform
+
+    info: dict[str, Any] = {"machine": platform.machine(), "cpus": os.cpu_count()}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                info["memory_bytes"] = int(line.split()[1]) * 1024
+                break
+    except OSError:  # not Linux: the architecture and core count will do
+        pass
+    return info
+
+
 def timestamp() -> str:
     return time.strftime("%Y%m%d-%H%M%S")
 

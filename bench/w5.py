@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -40,6 +38,7 @@ from _common import (
     fmt_bytes,
     fmt_ms,
     fmt_ms_fine,
+    host_info,
     parse_confs,
     parse_providers,
     progress,
@@ -393,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         "steady_from_batch": w1.STEADY_FROM,
         "heapstate_jar": jar_info,
         "python": python,
-        "host": {"machine": platform.machine(), "cpus": os.cpu_count()},
+        "host": host_info(),
         "git": w1._git_state(),
         "environment": environment,
         "providers": {p.name: asdict(p) for p in providers},

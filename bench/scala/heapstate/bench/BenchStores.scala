@@ -32,9 +32,25 @@ object BenchStores {
       .map(n => Providers.find(_.name == n).getOrElse(
         sys.error(s"--providers: unknown provider $n; choose from ${Providers.map(_.name).mkString(", ")}")))
 
+  /** When this run started, as the Python benchmarks stamp their reports. */
+  val stamp: String = java.time.LocalDateTime.now.format(java.time.format.DateTimeFormatter.ofPattern("yyyyMMdd-HHmmss"))
+
+  /** The commit the benchmark ran at and whether the work tree had changes, for the report. */
+  def gitState(): java.util.Map[String, AnyRef] = {
+    def git(args: String*): String =
+      try {
+        val p = new ProcessBuilder(("git" +: args): _*).redirectErrorStream(true).start()
+        val out = new String(p.getInputStream.readAllBytes()).trim
+        if (p.waitFor() == 0) out else ""
+      } catch { case _: java.io.IOException => "" }
+    val m = new java.util.LinkedHashMap[String, AnyRef]()
+    m.put("commit", git("rev-parse", "HEAD"))
+    m.put("dirty", java.lang.Boolean.valueOf(git("status", "--porcelain").nonEmpty))
+    m
+  }
+
   /** `--out`, or `bench/results/<prefix>-<timestamp>.json`. */
   def outFile(opts: Map[String, String], prefix: String): java.nio.file.Path = {
-    val stamp = java.time.LocalDateTime.now.format(java.time.format.DateTimeFormatter.ofPattern("yyyyMMdd-HHmmss"))
     val file = opts.get("out").map(java.nio.file.Paths.get(_))
       .getOrElse(java.nio.file.Paths.get("bench", "results", s"$prefix-$stamp.json"))
     Option(file.toAbsolutePath.getParent).foreach(java.nio.file.Files.createDirectories(_))

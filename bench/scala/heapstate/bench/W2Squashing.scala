@@ -54,7 +54,8 @@ object W2Squashing {
     }
     val file = BenchStores.outFile(opts, "w2")
     val json = new java.util.LinkedHashMap[String, AnyRef]()
-    json.put("benchmark", "W2"); json.put("size", sizeName); json.put("keys", Int.box(keys))
+    json.put("benchmark", "W2"); json.put("timestamp", BenchStores.stamp); json.put("git", BenchStores.gitState())
+    json.put("size", sizeName); json.put("keys", Int.box(keys))
     json.put("spark", org.apache.spark.SPARK_VERSION); json.put("java", System.getProperty("java.version"))
     val rows = new java.util.ArrayList[AnyRef]()
     for (((name, m), b) <- bytes) {

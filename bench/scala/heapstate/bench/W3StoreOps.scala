@@ -188,6 +188,7 @@ object W3StoreOps {
     }
     val json = new java.util.LinkedHashMap[String, AnyRef]()
     json.put("benchmark", "W3")
+    json.put("timestamp", stamp); json.put("git", gitState())
     json.put("size", sizeName)
     json.put("spark", org.apache.spark.SPARK_VERSION)
     json.put("java", System.getProperty("java.version"))

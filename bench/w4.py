@@ -175,10 +175,13 @@ class Size:
     batches: int
     trigger_s: float
     flush_s: float
+    warmup: bool = True
 
 
 SIZES: dict[str, Size] = {
-    "small": Size((20,), events=1_000, batches=6, trigger_s=1, flush_s=2),
+    # A quick check that everything runs, in about a minute: no warm-up, so its timings include
+    # the JVM's JIT and Delta's first MERGE.
+    "small": Size((20,), events=500, batches=4, trigger_s=1, flush_s=2, warmup=False),
     "full": Size((1, 20, 1_000, 20_000), events=500, batches=22, trigger_s=1, flush_s=10),
 }
 """``full`` has F = 10 T and N = 22 batches: two flush cycles of a key with rows in every batch.
@@ -838,8 +841,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--warmup",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="warm each JVM up on scratch tables before the measured runs",
+        default=None,
+        help="warm each JVM up on scratch tables before the measured runs (the default but for "
+        "--size small)",
     )
     parser.add_argument("--shuffle-partitions", type=int, default=2)
     parser.add_argument("--python", default=str(DEFAULT_PYTHON), help="the workers' Python")
@@ -865,6 +869,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             setattr(args, name, getattr(size, name))
     args.trigger = args.trigger if args.trigger is not None else size.trigger_s
     args.flush = args.flush if args.flush is not None else size.flush_s
+    args.warmup = args.warmup if args.warmup is not None else size.warmup
     if args.events < 1 or args.batches < 1 or args.shuffle_partitions < 1:
         parser.error("--events, --batches and --shuffle-partitions must be positive")
     if args.trigger * 1000 < 1 or args.flush * 1000 < 1:

@@ -86,6 +86,7 @@ W1_ROWS: list[tuple[str, str, Fmt]] = [
     ("bytes_per_batch_median", "checkpoint bytes per batch, median", fmt_bytes),
     ("bytes_per_batch_max_updates", "checkpoint bytes per batch, max (batches >= 1)", fmt_bytes),
     ("state_bytes_total", "checkpoint bytes after {batches} batches", fmt_bytes),
+    ("state_bytes_before_restart", "checkpoint bytes before the restart", fmt_bytes),
     ("restart_trigger_ms", "restart: first batch", fmt_ms),
     ("gc_pause_ms_max", "longest GC pause, batches >= 2", fmt_ms_fine),
 ]

@@ -68,7 +68,8 @@ provider is read when a query starts): no two runs compete for the cores, and ea
 would cost 30 to 50 s, mostly Delta's first table and MERGEs and the first pandas UDF.
 ``--isolation per-provider`` runs the unbuffered runs in one process and each provider's runs in
 its own, as W1 does, so no provider profits from code another one warmed up. Each process first
-warms up (unless ``--no-warmup``), on scratch tables over the smallest cardinality's files: an
+warms up (unless ``--no-warmup``, the default of ``--size small``), on scratch tables over
+the smallest cardinality's files: an
 unbuffered run over two batches, then a buffered run over one batch and the two end files for
 each provider it will run, so class loading, code generation, Delta's first MERGEs and the
 Python workers' start do not land in the first measured run.

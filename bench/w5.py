@@ -62,7 +62,7 @@ class Size:
 
 SIZES: dict[str, Size] = {
     # A check that everything runs: every run in one JVM.
-    "small": Size((5_000, 10_000, 20_000), 64, 1_000, 4, "4g", "shared"),
+    "small": Size((5_000, 10_000, 20_000), 64, 1_000, 3, "4g", "shared"),
     # BENCHMARKS.md's reference: P=64, U=10K, 12 batches. HDFS needs a large heap at 4M keys.
     "full": Size((100_000, 1_000_000, 4_000_000), 64, 10_000, 12, "12g", "per-provider"),
 }

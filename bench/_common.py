@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -293,6 +294,36 @@ class StateFiles:
             "total_by_kind": total_by_kind,
             "new_by_kind": new_by_kind,
         }
+
+
+def drop_file(source: Path, input_dir: Path) -> None:
+    """Copy ``source`` into a streaming query's input folder atomically: the file source skips
+    names starting with a dot, so the copy becomes visible only when it is renamed."""
+    hidden = input_dir / f".{source.name}.tmp"
+    shutil.copyfile(source, hidden)
+    os.replace(hidden, input_dir / source.name)
+
+
+def wait_for_batch(
+    query: Any, batch: int, timeout_s: float = 3600.0, poll_s: float = 0.05
+) -> dict[str, Any]:
+    """Wait for batch ``batch`` of ``query`` to finish and return its progress as plain JSON.
+
+    ``processAllAvailable`` can return early when a trigger that listed the folder before the
+    file landed reports "no new data", so it is repeated until the batch's progress appears.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        query.processAllAvailable()
+        for jprogress in query._jsq.recentProgress():
+            p = json.loads(jprogress.json())
+            if p.get("batchId") == batch and p.get("numInputRows", 0) > 0:
+                return p
+        if query.exception() is not None:
+            raise RuntimeError(f"the query failed before batch {batch}: {query.exception()}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"batch {batch} did not finish within {timeout_s:.0f} s")
+        time.sleep(poll_s)
 
 
 def jvm_heap_after_gc(spark: Any, rounds: int = 3) -> dict[str, int]:

@@ -56,6 +56,7 @@ from _common import (
     Metric,
     Provider,
     StateFiles,
+    drop_file,
     fmt_bytes,
     fmt_ms,
     fmt_ms_fine,
@@ -73,6 +74,7 @@ from _common import (
     resolve_jar,
     run_worker,
     timestamp,
+    wait_for_batch,
     write_json,
 )
 
@@ -177,12 +179,7 @@ def worker_generate(spec: dict[str, Any]) -> None:
 
 
 def _drop_file(data_dir: Path, input_dir: Path, batch: int) -> None:
-    """Copy batch ``batch``'s file into the source folder atomically: the file source skips
-    names starting with a dot, so the copy becomes visible only when it is renamed."""
-    source = _batch_file(data_dir, batch)
-    hidden = input_dir / f".{source.name}.tmp"
-    shutil.copyfile(source, hidden)
-    os.replace(hidden, input_dir / source.name)
+    drop_file(_batch_file(data_dir, batch), input_dir)
 
 
 def _start_query(spark: Any, input_dir: Path, checkpoint: Path) -> Any:
@@ -200,26 +197,6 @@ def _start_query(spark: Any, input_dir: Path, checkpoint: Path) -> Any:
         .option("checkpointLocation", str(checkpoint))
         .start()
     )
-
-
-def _progress_of(query: Any, batch: int, timeout_s: float = 3600.0) -> dict[str, Any]:
-    """Wait for batch ``batch`` to finish and return its progress as plain JSON.
-
-    ``processAllAvailable`` can return early when a trigger that listed the folder before the
-    file landed reports "no new data", so it is repeated until the batch's progress appears.
-    """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        query.processAllAvailable()
-        for jprogress in query._jsq.recentProgress():
-            p = json.loads(jprogress.json())
-            if p.get("batchId") == batch and p.get("numInputRows", 0) > 0:
-                return p
-        if query.exception() is not None:
-            raise RuntimeError(f"the query failed before batch {batch}: {query.exception()}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"batch {batch} did not finish within {timeout_s:.0f} s")
-        time.sleep(0.05)
 
 
 def _batch_record(
@@ -255,7 +232,7 @@ def _run_one_batch(
     data_dir, input_dir = Path(spec["data_dir"]), Path(spec["work_dir"]) / "input"
     started, start_epoch = time.monotonic(), time.time() * 1000
     _drop_file(data_dir, input_dir, batch)
-    p = _progress_of(spark_query, batch)
+    p = wait_for_batch(spark_query, batch)
     wall_ms = (time.monotonic() - started) * 1000
     return _batch_record(p, wall_ms, files.step(), (start_epoch, time.time() * 1000))
 
@@ -277,7 +254,7 @@ def _restart(spark: Any, spec: dict[str, Any], files: StateFiles) -> dict[str, A
     started, start_epoch = time.monotonic(), time.time() * 1000
     query = _start_query(spark, work / "input", work / "checkpoint")
     try:
-        p = _progress_of(query, batch)
+        p = wait_for_batch(query, batch)
         wall_ms = (time.monotonic() - started) * 1000
         end_epoch = time.time() * 1000
     finally:
@@ -386,7 +363,7 @@ def _warm_up(spark: Any, spec: dict[str, Any]) -> list[float]:
     try:
         for batch, data_file in enumerate((1, 2)):
             _drop_file(Path(spec["data_dir"]), scratch / "input", data_file)
-            triggers.append(_progress_of(query, batch)["durationMs"]["triggerExecution"])
+            triggers.append(wait_for_batch(query, batch)["durationMs"]["triggerExecution"])
     finally:
         query.stop()
     shutil.rmtree(scratch, ignore_errors=True)

@@ -127,7 +127,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,6 +139,7 @@ from _common import (
     REPO_DIR,
     RESULTS_DIR,
     Provider,
+    drop_file,
     host_info,
     parse_confs,
     parse_providers,
@@ -148,8 +148,10 @@ from _common import (
     resolve_jar,
     run_worker,
     timestamp,
+    wait_for_batch,
     write_json,
 )
+from _delta import delta_jar_version, delta_session
 
 SCRIPT = Path(__file__).resolve()
 UNBUFFERED = "unbuffered"
@@ -160,10 +162,6 @@ SCHEMA = "page STRING, user BIGINT, seq BIGINT, ts TIMESTAMP"
 START_US = 1_767_225_600_000_000
 """Event time of the first event: 2026-01-01T00:00:00Z, in microseconds."""
 USERS = 1_000_000
-DELTA_JAR_ENV = "HEAPSTATE_DELTA_JAR_VERSION"
-DEFAULT_DELTA_JAR_VERSION = "4.4.0"
-"""delta-spark 4.4.1 (pip) asks for a Delta jar that Maven Central does not carry for Spark 4.2;
-4.4.0 is the newest published one, as in tests/python/test_delta.py."""
 WARMUP_BATCHES = {"unbuffered": 2, "buffered": 1}
 """Data batches of each warm-up run: Delta's first MERGEs are the slowest to warm up; a buffered
 warm-up adds the two end files, so it also flushes and MERGEs."""
@@ -280,87 +278,19 @@ def expected_table(data_dir: Path, batches: int) -> dict[str, tuple[Any, ...]]:
 # Worker side: one Spark session runs a list of runs, one query after another.
 
 
-def maven_mirror() -> str | None:
-    """The mirror URL named in ``~/.m2/settings.xml``, if any (as tests/python/delta_job.py)."""
-    settings = Path.home() / ".m2" / "settings.xml"
-    if not settings.is_file():
-        return None
-    try:
-        root = ET.parse(settings).getroot()
-    except ET.ParseError:
-        return None
-    for el in root.iter():
-        if el.tag.split("}")[-1] == "mirror":
-            for child in el:
-                if child.tag.split("}")[-1] == "url" and child.text:
-                    return child.text.strip()
-    return None
-
-
 def _session(spec: dict[str, Any]) -> Any:
-    from delta import configure_spark_with_delta_pip
-    from pyspark.sql import SparkSession
-
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .appName(f"heapstate-bench-w4-{spec['process']}")
-        .config("spark.sql.shuffle.partitions", str(spec["shuffle_partitions"]))
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.log.level", "WARN")
-        .config("spark.sql.session.timeZone", "UTC")
-        # One micro-batch per file: no extra batch only because the watermark moved.
-        .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
-        # Delta rebuilds its table state with 50 tasks by default: far too many for 2 cores.
-        .config("spark.databricks.delta.snapshotPartitions", "1")
-        .config("spark.databricks.delta.stats.collect", "false")
-        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-        .config(
-            "spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"
-        )
+    """The worker's Delta session (``_delta.delta_session``: the jar, the mirror, Delta's confs),
+    with one micro-batch per file and the run's extra confs."""
+    return delta_session(
+        f"heapstate-bench-w4-{spec['process']}",
+        shuffle_partitions=spec["shuffle_partitions"],
+        confs={
+            "spark.sql.session.timeZone": "UTC",
+            # One micro-batch per file: no extra batch only because the watermark moved.
+            "spark.sql.streaming.noDataMicroBatches.enabled": "false",
+            **spec["spark_confs"],
+        },
     )
-    mirror = maven_mirror()
-    if mirror:
-        builder = builder.config("spark.jars.repositories", mirror)
-    builder = configure_spark_with_delta_pip(builder)
-    # Delta's helper asks for the jar of the installed delta-spark version; where Maven Central
-    # lacks it, the version of HEAPSTATE_DELTA_JAR_VERSION (default 4.4.0) is used instead.
-    coordinate = builder._options["spark.jars.packages"]  # type: ignore[attr-defined]
-    group_artifact = coordinate.rsplit(":", 1)[0]
-    builder = builder.config("spark.jars.packages", f"{group_artifact}:{spec['delta_jar_version']}")
-    for key, value in spec["spark_confs"].items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
-    return spark
-
-
-def _drop_file(source: Path, input_dir: Path) -> None:
-    """Copy ``source`` into the input folder atomically: the file source skips names starting
-    with a dot, so the copy becomes visible only when it is renamed."""
-    hidden = input_dir / f".{source.name}.tmp"
-    shutil.copyfile(source, hidden)
-    os.replace(hidden, input_dir / source.name)
-
-
-def _progress_of(query: Any, batch: int, timeout_s: float = 3600.0) -> dict[str, Any]:
-    """Wait for batch ``batch`` to finish and return its progress as plain JSON.
-
-    ``processAllAvailable`` can return early when a trigger that listed the folder before the
-    file landed reports "no new data", so it is repeated until the batch's progress appears.
-    """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        query.processAllAvailable()
-        for jprogress in query._jsq.recentProgress():
-            p = json.loads(jprogress.json())
-            if p.get("batchId") == batch and p.get("numInputRows", 0) > 0:
-                return p
-        if query.exception() is not None:
-            raise RuntimeError(f"the query failed before batch {batch}: {query.exception()}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"batch {batch} did not finish within {timeout_s:.0f} s")
-        time.sleep(0.02)
 
 
 def _use_provider(spark: Any, provider: Provider) -> None:
@@ -531,8 +461,8 @@ def run_query(
     try:
         for batch, source in enumerate(files):
             started = time.monotonic()
-            _drop_file(source, work / "input")
-            p = _progress_of(query, batch)
+            drop_file(source, work / "input")
+            p = wait_for_batch(query, batch, poll_s=0.02)
             rec = _batch_record(p, (time.monotonic() - started) * 1000, sent.get(batch, {}))
             batches.append(rec)
             if run.get("verbose") and (batch % 10 == 9 or batch == len(files) - 1):
@@ -937,7 +867,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     data_root = Path(args.data_dir) if args.data_dir else RESULTS_DIR / "data"
     data_dirs = {str(c): str(data_root / _data_name(c, data_params)) for c in args.cardinalities}
-    delta_jar_version = os.environ.get(DELTA_JAR_ENV, DEFAULT_DELTA_JAR_VERSION)
+    jar_version = delta_jar_version()
     params = {
         "cardinalities": list(args.cardinalities),
         "events_per_batch": args.events,
@@ -950,7 +880,7 @@ def main(argv: list[str] | None = None) -> int:
         "isolation": args.isolation,
         "warmup": args.warmup,
         "driver_memory": args.driver_memory,
-        "delta_jar_version": delta_jar_version,
+        "delta_jar_version": jar_version,
         "providers": [p.name for p in providers],
         "spark_confs": parse_confs(args.conf),
     }
@@ -985,7 +915,6 @@ def main(argv: list[str] | None = None) -> int:
                 "work_root": str(work_root / f"scratch-{proc['process']}"),
                 "shuffle_partitions": args.shuffle_partitions,
                 "spark_confs": params["spark_confs"],
-                "delta_jar_version": delta_jar_version,
                 "out": str(work_root / f"{proc['process']}.out.json"),
             }
             spec_path = work_root / f"{proc['process']}.spec.json"

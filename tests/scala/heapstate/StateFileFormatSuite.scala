@@ -87,9 +87,20 @@ class StateFileFormatSuite extends AnyFunSuite {
   }
 
   test("file names parse and reject strangers") {
-    assert(StateFileNames.parse("12.hs-journal").contains((12L, StateFileNames.Journal)))
-    assert(StateFileNames.parse("10.hs-snapshot").contains((10L, StateFileNames.Snapshot)))
-    Seq("12.delta", "10.snapshot", ".12.hs-journal.tmp", "x.hs-journal", ".hs-journal", "-1.hs-journal")
+    import StateFileNames.{Journal, Name, Snapshot}
+    val (a, b) = ("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0", "11111111-2222-3333-4444-555555555555")
+    assert(StateFileNames.parse("12.hs-journal").contains(Name(12L, Journal, None, None)))
+    assert(StateFileNames.parse("10.hs-snapshot").contains(Name(10L, Snapshot, None, None)))
+    assert(StateFileNames.parse(s"12_${a}_$b.hs-journal").contains(Name(12L, Journal, Some(a), Some(b))))
+    assert(StateFileNames.parse(s"1_$a.hs-journal").contains(Name(1L, Journal, Some(a), None)))
+    assert(StateFileNames.parse(s"10_$a.hs-snapshot").contains(Name(10L, Snapshot, Some(a), None)))
+    val dir = new org.apache.hadoop.fs.Path("/x")
+    for (n <- Seq(Name(12L, Journal, Some(a), Some(b)), Name(1L, Journal, Some(a), None), Name(3L, Journal, None, None))) {
+      assert(StateFileNames.parse(StateFileNames.journal(dir, n.version, n.id, n.base).getName).contains(n))
+    }
+    Seq("12.delta", "10.snapshot", ".12.hs-journal.tmp", "x.hs-journal", ".hs-journal", "-1.hs-journal",
+      s"10_${a}_$b.hs-snapshot", s"12_${a}_${b}_$a.hs-journal", "12_.hs-journal", "12__x.hs-journal", "12_a b.hs-journal",
+      "12_x.y.hs-journal")
       .foreach(n => assert(StateFileNames.parse(n).isEmpty, n))
   }
 }

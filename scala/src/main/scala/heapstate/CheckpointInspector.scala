@@ -88,13 +88,20 @@ object CheckpointInspector {
     out
   }
 
-  /** For every version from the oldest recoverable one up: what it recovers from, or why not. */
+  /**
+   * For every version from the oldest recoverable one up: what it recovers from, or why not. In
+   * checkpoint format v2 a version may have several attempts' files; this view goes by version
+   * number and names the first file of each version.
+   */
   private def versions(listed: Seq[StateFile], broken: Map[(Long, StateFileNames.Kind), String], dir: Path): JList[AnyRef] = {
     val out = new JList[AnyRef]()
     if (listed.isEmpty) return out
     val journals = listed.filter(_.kind == Journal).map(_.version).toSet
     val snapshots = listed.filter(f => f.kind == Snapshot && !broken.contains((f.version, Snapshot))).map(_.version).sorted
     val latest = listed.map(_.version).max
+    def nameOf(v: Long, kind: StateFileNames.Kind): String =
+      listed.find(f => f.version == v && f.kind == kind).map(_.path.getName)
+        .getOrElse((if (kind == Journal) StateFileNames.journal(dir, v) else StateFileNames.snapshot(dir, v)).getName)
     val oldest = (snapshots.headOption.toSeq ++ Seq(if (journals.contains(1)) 0L else Long.MaxValue)).min.max(0L)
     for (v <- math.max(oldest, 1L) to latest) {
       val entry = new JMap[String, AnyRef]()
@@ -105,7 +112,7 @@ object CheckpointInspector {
       }
       base match {
         case Some(s) =>
-          entry.put("recoversFrom", if (s == 0) "empty" else StateFileNames.snapshot(dir, s).getName)
+          entry.put("recoversFrom", if (s == 0) "empty" else nameOf(s, Snapshot))
           entry.put("journalChain", Long.box(v - s))
           entry.put("recoverable", java.lang.Boolean.TRUE)
         case None =>
@@ -113,7 +120,7 @@ object CheckpointInspector {
           val missing = (newest + 1 to v).find(j => !journals.contains(j) || broken.contains((j, Journal)))
           entry.put("recoverable", java.lang.Boolean.FALSE)
           entry.put("problem", missing.map { j =>
-            val name = StateFileNames.journal(dir, j).getName
+            val name = nameOf(j, Journal)
             if (journals.contains(j)) s"journal $name (version $j) is damaged" else s"journal $name (version $j) is missing"
           }.getOrElse("no usable snapshot or journal chain"))
       }

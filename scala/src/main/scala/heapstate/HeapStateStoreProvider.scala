@@ -29,6 +29,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
   private var hadoopConf: Configuration = _
   private var keyFields = 0
   private var valueFields = 0
+  /** Checkpoint format v2: every commit gets a unique checkpoint id. */
+  private var checkpointIds = false
   @volatile private var engine: StateEngine = _
 
   override def init(
@@ -46,11 +48,12 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       throw new UnsupportedOperationException(s"heapstate does not support multiple values per " +
         s"key (state store $stateStoreId); that is transformWithState's, which Spark runs on RocksDB only")
     }
-    if (storeConfs.stateStoreCheckpointFormatVersion > 1) {
+    if (storeConfs.stateStoreCheckpointFormatVersion > 2) {
       throw new UnsupportedOperationException("heapstate does not support " +
         s"spark.sql.streaming.stateStore.checkpointFormatVersion=${storeConfs.stateStoreCheckpointFormatVersion} " +
-        "yet; use 1 (the default)")
+        s"(state store $stateStoreId); use 1 (the default) or 2")
     }
+    this.checkpointIds = storeConfs.enableStateStoreCheckpointIds
     this.storeId = stateStoreId
     this.storeConf = storeConfs
     this.hadoopConf = hadoopConf
@@ -82,13 +85,13 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       uniqueId: Option[String],
       forceSnapshotOnCommit: Boolean,
       loadEmpty: Boolean): StateStore = {
-    requireVersion(version)
-    new HeapStore(version, engine.ensureAt(version, loadEmpty), readOnly = false, forceSnapshotOnCommit)
+    requireVersion(version); uniqueId.foreach(requireId)
+    new HeapStore(version, uniqueId, engine.ensureAt(version, uniqueId, loadEmpty), readOnly = false, forceSnapshotOnCommit)
   }
 
   override def getReadStore(version: Long, uniqueId: Option[String]): ReadStateStore = {
-    requireVersion(version)
-    new HeapStore(version, engine.ensureAt(version), readOnly = true, forceSnapshot = false)
+    requireVersion(version); uniqueId.foreach(requireId)
+    new HeapStore(version, uniqueId, engine.ensureAt(version, uniqueId), readOnly = true, forceSnapshot = false)
   }
 
   override def doMaintenance(): Unit = { doSnapshotMaintenance(); doCleanupMaintenance() }
@@ -117,12 +120,13 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       readOnly: Boolean,
       startStateStoreCkptId: Option[String],
       endStateStoreCkptId: Option[String]): StateStore = {
-    requireVersion(snapshotVersion)
+    requireVersion(snapshotVersion); startStateStoreCkptId.foreach(requireId); endStateStoreCkptId.foreach(requireId)
     if (endVersion < snapshotVersion) {
       throw new IllegalArgumentException(s"heapstate: end version $endVersion is below snapshot " +
         s"version $snapshotVersion (state store $storeId)")
     }
-    new HeapStore(endVersion, engine.rebuildFromSnapshot(snapshotVersion, endVersion), readOnly, forceSnapshot = false)
+    val live = engine.rebuildFromSnapshot(snapshotVersion, endVersion, startStateStoreCkptId, endStateStoreCkptId)
+    new HeapStore(endVersion, endStateStoreCkptId, live, readOnly, forceSnapshot = false)
   }
 
   override def getStateStoreChangeDataReader(
@@ -130,33 +134,41 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       endVersion: Long,
       colFamilyNameOpt: Option[String],
       endStateStoreCkptId: Option[String]): ChangeFeedIterator[(RecordType.Value, UnsafeRow, UnsafeRow, Long)] = {
-    colFamilyNameOpt.foreach(requireDefaultFamily)
+    colFamilyNameOpt.foreach(requireDefaultFamily); endStateStoreCkptId.foreach(requireId)
     if (startVersion < 1 || endVersion < startVersion) {
       throw new IllegalArgumentException(s"heapstate: invalid change feed range [$startVersion, " +
         s"$endVersion] for state store $storeId; versions start at 1")
     }
-    new JournalChangeFeed(startVersion, endVersion)
+    new JournalChangeFeed(engine.journalChain(startVersion, endVersion, endStateStoreCkptId))
   }
 
   private def requireVersion(version: Long): Unit =
     if (version < 0) throw new IllegalArgumentException(s"heapstate: version $version of state store $storeId is negative")
 
+  private def requireId(id: String): Unit = if (!heapstate.io.StateFileNames.isValidId(id)) {
+    throw new IllegalArgumentException(s"heapstate: checkpoint id '$id' of state store $storeId is not " +
+      "one heapstate can name files by (letters, digits and '-', at most 64)")
+  }
+
   private def keyRow(bytes: Array[Byte]): UnsafeRow = { val r = new UnsafeRow(keyFields); r.pointTo(bytes, bytes.length); r }
   private def valueRow(bytes: Array[Byte]): UnsafeRow = { val r = new UnsafeRow(valueFields); r.pointTo(bytes, bytes.length); r }
   private def pair(key: Array[Byte], value: Array[Byte]) = new UnsafeRowPair(keyRow(key), valueRow(value))
 
-  /** Reads journals version by version; Spark's change feed calls a version's changes batch `version - 1`. */
-  private class JournalChangeFeed(start: Long, end: Long)
+  /**
+   * Reads the given journals (one lineage, oldest first) one by one; Spark's change feed calls a
+   * version's changes batch `version - 1`.
+   */
+  private class JournalChangeFeed(journals: Seq[heapstate.io.StateFileNames.StateFile])
     extends ChangeFeedIterator[(RecordType.Value, UnsafeRow, UnsafeRow, Long)] {
-    private var version = start - 1
+    private val pending = journals.iterator
     private var records: Iterator[(RecordType.Value, UnsafeRow, UnsafeRow, Long)] = Iterator.empty
 
     override protected def nextRecord(): (RecordType.Value, UnsafeRow, UnsafeRow, Long) = {
-      while (!records.hasNext && version < end) {
-        version += 1
-        val batch = version - 1
+      while (!records.hasNext && pending.hasNext) {
+        val journal = pending.next()
+        val batch = journal.version - 1
         val buffer = scala.collection.mutable.ArrayBuffer.empty[(RecordType.Value, UnsafeRow, UnsafeRow, Long)]
-        engine.readJournal(version)(
+        engine.files.read(journal)(
           (k, v) => buffer += ((RecordType.PUT_RECORD, keyRow(k), valueRow(v), batch)),
           k => buffer += ((RecordType.DELETE_RECORD, keyRow(k), null, batch)))
         records = buffer.iterator
@@ -171,6 +183,7 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
    */
   private class HeapStore(
       override val version: Long,
+      uniqueId: Option[String],
       live: LiveState,
       readOnly: Boolean,
       forceSnapshot: Boolean) extends StateStore {
@@ -232,7 +245,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
 
     override def commit(): Long = {
       requireWritable("commit")
-      committed = engine.commit(version, changes)
+      val newId = if (checkpointIds) Some(java.util.UUID.randomUUID().toString) else None
+      committed = engine.commit(version, changes, uniqueId, newId)
       phase = Committed
       if (storeConf.commitValidationEnabled) {
         StateStore.reportCommitToCoordinator(committed.version, storeId, hadoopConf)
@@ -260,8 +274,10 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
           SnapshotLag -> engine.snapshotLag))
     }
 
-    override def getStateStoreCheckpointInfo(): StateStoreCheckpointInfo = StateStoreCheckpointInfo(
-      storeId.partitionId, if (committed == null) version + 1 else committed.version, None, None)
+    /** In format v2, the committed version's checkpoint id and the id of the version below it. */
+    override def getStateStoreCheckpointInfo(): StateStoreCheckpointInfo =
+      if (committed == null) StateStoreCheckpointInfo(storeId.partitionId, version + 1, None, uniqueId)
+      else StateStoreCheckpointInfo(storeId.partitionId, committed.version, committed.id, committed.baseId)
 
     override def allColumnFamilyNames: Set[String] = Set(StateStore.DEFAULT_COL_FAMILY_NAME)
 

@@ -14,8 +14,17 @@ final case class EngineSettings(
     undoVersions: Int,
     minVersionsToRetain: Int)
 
-/** What one commit wrote. */
-final case class CommitResult(version: Long, journalBytes: Long, keysWritten: Long, squashed: Long)
+/**
+ * What one commit wrote. `id` and `baseId` are the checkpoint ids (format v2) of the new version
+ * and of the version it was committed on top of; both `None` in format v1.
+ */
+final case class CommitResult(
+    version: Long,
+    journalBytes: Long,
+    keysWritten: Long,
+    squashed: Long,
+    id: Option[String] = None,
+    baseId: Option[String] = None)
 
 /**
  * The versions of one partition's state: which version the [[LiveState]] holds, how to reach
@@ -26,6 +35,13 @@ final case class CommitResult(version: Long, journalBytes: Long, keysWritten: Lo
  * while it reads the live state, without the monitor; roll-backs and reloads take
  * `snapshotLock` inside the monitor, so they wait for a running snapshot, while commits do not.
  * The monitor is always taken before `snapshotLock`, never the other way round.
+ *
+ * Checkpoint ids (format v2): every commit may carry a unique id, and a version is then known by
+ * its number and its id. Two attempts at one version (a retried or speculative task, a zombie)
+ * leave two journals with different ids, and Spark names the one it kept when it asks for the
+ * version. `lineageIds` holds the ids of the live state's versions that a roll-back can reach;
+ * a request for a version with another id rebuilds it from its own lineage of files. In format
+ * v1 every id is `None` and the same code paths apply.
  */
 final class StateEngine(
     val files: StateFiles,
@@ -42,6 +58,8 @@ final class StateEngine(
   @volatile private var snapshotInProgress = -1L
   /** The highest version seen on disk or committed here; a commit at or below it is a re-run. */
   private var highestKnownVersion = 0L
+  /** Checkpoint ids of the live state's version and the versions below it that undo can reach. */
+  private val lineageIds = new java.util.TreeMap[java.lang.Long, String]()
 
   def isLoaded: Boolean = state != null
   def live: LiveState = {
@@ -51,42 +69,64 @@ final class StateEngine(
   }
   def snapshotLag: Long = { val st = state; if (st == null) 0 else st.version - newestSnapshot }
 
-  /** Makes the live state hold `version`, stepping back or reloading as needed. */
-  def ensureAt(version: Long, loadEmpty: Boolean = false): LiveState = synchronized {
+  /**
+   * Makes the live state hold `version` (with checkpoint id `id`, when given), stepping back or
+   * reloading as needed.
+   */
+  def ensureAt(version: Long, id: Option[String] = None, loadEmpty: Boolean = false): LiveState = synchronized {
     val st = state
     if (loadEmpty) {
-      withSnapshotLock { state = new LiveState(prefixOf, version); newestSnapshot = 0 }
+      withSnapshotLock {
+        state = new LiveState(prefixOf, version); newestSnapshot = 0
+        lineageIds.clear(); id.foreach(i => lineageIds.put(version, i))
+      }
       state
-    } else if (st != null && st.version == version) {
+    } else if (st != null && st.version == version && idMatches(version, id)) {
       st
-    } else if (st != null && st.canRollBackTo(version)) {
+    } else if (st != null && st.canRollBackTo(version) && idMatches(version, id)) {
       withSnapshotLock {
         st.rollBackTo(version)
+        lineageIds.tailMap(version, false).clear()
         if (newestSnapshot > version) newestSnapshot = 0 // that snapshot is of versions being redone
       }
       st
     } else {
       withSnapshotLock {
         state = null
-        state = rebuild(version)
+        lineageIds.clear()
+        state = rebuild(version, id)
       }
       state
     }
   }
 
+  /** The checkpoint id of the live lineage's `version`, if it has one and undo can reach it. */
+  def idOf(version: Long): Option[String] = synchronized { Option(lineageIds.get(version)) }
+
+  /** Whether the live lineage's `version` is the one asked for (no id asked: any will do). */
+  private def idMatches(version: Long, id: Option[String]): Boolean =
+    id.forall(i => version == 0 || lineageIds.get(version) == i)
+
   /**
-   * Commits `changes` on top of `baseVersion` as `baseVersion + 1`: the journal file first (so a
-   * failed write changes nothing in memory), then the live state.
+   * Commits `changes` on top of `baseVersion` (with checkpoint id `baseId`, when given) as
+   * `baseVersion + 1`, with checkpoint id `newId` (format v2) or none (format v1): the journal file
+   * first (so a failed write changes nothing in memory), then the live state.
    */
-  def commit(baseVersion: Long, changes: ChangeSet): CommitResult = synchronized {
-    val st = ensureAt(baseVersion)
+  def commit(
+      baseVersion: Long,
+      changes: ChangeSet,
+      baseId: Option[String] = None,
+      newId: Option[String] = None): CommitResult = synchronized {
+    val st = ensureAt(baseVersion, baseId)
     val newVersion = baseVersion + 1
-    val bytes = files.write(Journal, newVersion, settings.codec) { w =>
+    val liveBaseId = if (newId.isDefined) Option(lineageIds.get(baseVersion)) else None
+    val bytes = files.write(Journal, newVersion, settings.codec, newId, liveBaseId) { w =>
       changes.foreach { (key, value) =>
         if (Tombstone.is(value)) w.delete(key.bytes) else w.put(key.bytes, value)
       }
     }
-    if (newVersion <= highestKnownVersion) {
+    // In format v2 a re-run writes a file of its own id, and no older file describes it.
+    if (newId.isEmpty && newVersion <= highestKnownVersion) {
       // A re-run of this version: a snapshot left by the earlier run no longer describes it.
       val stale = files.snapshotPath(newVersion)
       if (files.exists(stale)) {
@@ -96,11 +136,14 @@ final class StateEngine(
       if (newestSnapshot >= newVersion) newestSnapshot = 0
     }
     highestKnownVersion = math.max(highestKnownVersion, newVersion)
-    FaultInjection.pause("published", files.journalPath(newVersion).toString)
+    FaultInjection.pause("published", files.journalPath(newVersion, newId, liveBaseId).toString)
     val byDepth = newVersion - settings.undoVersions
     val inProgress = snapshotInProgress
     st.applyCommit(changes, if (inProgress >= 0) math.min(byDepth, inProgress) else byDepth)
-    CommitResult(newVersion, bytes, changes.size, changes.operations - changes.size)
+    newId.foreach(i => lineageIds.put(newVersion, i))
+    // Ids below the undo depth are no use: those versions are rebuilt from files.
+    lineageIds.headMap(byDepth - 1, false).clear()
+    CommitResult(newVersion, bytes, changes.size, changes.operations - changes.size, newId, liveBaseId)
   }
 
   /**
@@ -111,17 +154,18 @@ final class StateEngine(
   def snapshotIfDue(force: Boolean = false): Option[Long] = {
     // The version and `snapshotInProgress` are settled under the monitor, which commits hold for
     // their whole length: `s` is a committed version, and no commit drops undo entries above it.
-    val picked: Option[(LiveState, Long)] = synchronized {
+    val picked: Option[(LiveState, Long, Option[String])] = synchronized {
       val st = state
       val due = st != null && st.version > 0 && st.version != newestSnapshot &&
         (force || st.version - newestSnapshot >= settings.compactionInterval)
       val locked = due && (if (force) { snapshotLock.lock(); true } else snapshotLock.tryLock())
-      if (locked) { snapshotInProgress = st.version; Some((st, st.version)) } else None
+      if (locked) { snapshotInProgress = st.version; Some((st, st.version, Option(lineageIds.get(st.version)))) }
+      else None
     }
-    picked.map { case (st, s) =>
+    picked.map { case (st, s, id) =>
       try {
         val started = System.nanoTime()
-        val bytes = files.write(Snapshot, s, settings.codec) { w =>
+        val bytes = files.write(Snapshot, s, settings.codec, id) { w =>
           st.writeSnapshotView(s, (key, value) => w.put(key.bytes, value))
         }
         newestSnapshot = math.max(newestSnapshot, s)
@@ -137,19 +181,20 @@ final class StateEngine(
 
   /**
    * Deletes files that no retained version needs. The newest `minVersionsToRetain` versions up to
-   * the live one stay
-   * recoverable: the newest snapshot at or below the oldest of them is kept, with every journal
-   * above it; everything older goes.
+   * the live one stay recoverable: the newest snapshot of the live lineage at or below the oldest
+   * of them is kept, with every journal above it; everything older goes. In format v2, files of
+   * abandoned attempts above that snapshot wait until they fall below a later one.
    */
   def cleanup(): Seq[StateFile] = {
-    val st = state
+    val (st, liveId) = synchronized { (state, Option(if (state == null) null else lineageIds.get(state.version))) }
     val all = files.list()
     if (st == null || all.isEmpty) return Nil
     // Count from the live version, not the highest file: after a re-run, higher files belong to
     // an abandoned lineage and must not push the retained window past versions still needed.
     val latest = st.version
     val oldestRetained = latest - settings.minVersionsToRetain + 1
-    val base = all.filter(f => f.kind == Snapshot && f.version <= oldestRetained).map(_.version).maxOption
+    val walk = Lineage.walk(all, latest, liveId)
+    val base = walk.snapshots.filter(_.version <= oldestRetained).map(_.version).maxOption
     base.toSeq.flatMap { b =>
       val doomed = all.filter(f => f.version < b || (f.kind == Journal && f.version == b))
       doomed.foreach(f => files.delete(f.path))
@@ -158,34 +203,60 @@ final class StateEngine(
     }
   }
 
-  /** Builds the state at `endVersion` from the snapshot at exactly `snapshotVersion`. */
-  def rebuildFromSnapshot(snapshotVersion: Long, endVersion: Long): LiveState = synchronized {
+  /**
+   * Builds the state at `endVersion` (checkpoint id `endId`, when given) from the snapshot at
+   * exactly `snapshotVersion` (checkpoint id `snapshotId`, when given).
+   */
+  def rebuildFromSnapshot(
+      snapshotVersion: Long,
+      endVersion: Long,
+      snapshotId: Option[String] = None,
+      endId: Option[String] = None): LiveState = synchronized {
     val all = files.list()
+    val chain = journalChain(all, snapshotVersion + 1, endVersion, endId)
+    // The lineage below the first journal names the snapshot's id, unless there is no journal.
+    val lineageSnapshotId = chain.headOption.map(_.base).getOrElse(endId)
+    if (snapshotId.isDefined && lineageSnapshotId.isDefined && snapshotId != lineageSnapshotId && snapshotVersion > 0) {
+      throw new StateFileException(files.snapshotPath(snapshotVersion, snapshotId), snapshotVersion,
+        s"version $endVersion (checkpoint id ${endId.getOrElse("none")}) does not descend from it: its lineage " +
+          s"passes version $snapshotVersion with checkpoint id ${lineageSnapshotId.get}")
+    }
+    val wantedId = snapshotId.orElse(lineageSnapshotId)
     val st = new LiveState(prefixOf, snapshotVersion)
     if (snapshotVersion > 0) {
-      val snap = all.find(f => f.kind == Snapshot && f.version == snapshotVersion).getOrElse {
-        throw new StateFileException(files.snapshotPath(snapshotVersion), snapshotVersion,
-          "there is no heapstate snapshot at this version to start from")
-      }
+      val snap = all.find(f => f.kind == Snapshot && f.version == snapshotVersion && (wantedId.isEmpty || f.id == wantedId))
+        .getOrElse {
+          throw new StateFileException(files.snapshotPath(snapshotVersion, wantedId), snapshotVersion,
+            "there is no heapstate snapshot at this version to start from")
+        }
       readSnapshot(st, snap)
     }
-    val journals = all.filter(_.kind == Journal).map(f => f.version -> f).toMap
-    for (v <- snapshotVersion + 1 to endVersion) {
-      applyJournal(st, journals.getOrElse(v, throw StateFiles.missingJournal(files.dir, v)))
-    }
+    chain.foreach(j => applyJournal(st, j))
     st.version = endVersion
-    withSnapshotLock { state = st; newestSnapshot = snapshotVersion; highestKnownVersion = all.map(_.version).maxOption.getOrElse(0L) }
+    withSnapshotLock {
+      state = st; newestSnapshot = snapshotVersion
+      highestKnownVersion = all.map(_.version).maxOption.getOrElse(0L)
+      lineageIds.clear(); chain.lastOption.flatMap(_.id).orElse(endId).foreach(i => lineageIds.put(endVersion, i))
+    }
     st
   }
 
-  /** The records of version `version`'s journal, in file order. */
-  def readJournal(version: Long)(onPut: (Array[Byte], Array[Byte]) => Unit, onDelete: Array[Byte] => Unit): Unit = {
-    val file = files.list().find(f => f.kind == Journal && f.version == version)
-      .getOrElse(throw StateFiles.missingJournal(files.dir, version))
-    files.read(file)(onPut, onDelete)
+  /**
+   * The journals of versions `from` to `to` on the lineage of version `to` (checkpoint id `toId`,
+   * when given), oldest first; an error names the first one missing.
+   */
+  def journalChain(from: Long, to: Long, toId: Option[String]): Seq[StateFile] =
+    journalChain(files.list(), from, to, toId)
+
+  private def journalChain(all: Seq[StateFile], from: Long, to: Long, toId: Option[String]): Seq[StateFile] = {
+    val walk = Lineage.walk(all, to, resolveId(all, to, toId), stopAt = from)
+    if (walk.journals.length < to - from + 1) {
+      throw StateFiles.missingJournal(files.dir, walk.missing.getOrElse(from), walk.missingId)
+    }
+    walk.journals.reverse
   }
 
-  def close(): Unit = synchronized { withSnapshotLock { state = null } }
+  def close(): Unit = synchronized { withSnapshotLock { state = null; lineageIds.clear() } }
 
   private def withSnapshotLock[T](body: => T): T = {
     snapshotLock.lock()
@@ -193,30 +264,37 @@ final class StateEngine(
   }
 
   /**
-   * Rebuilds `version` from the newest usable snapshot at or below it plus the journals above.
-   * A damaged snapshot is skipped, with a warning naming it, in favour of an older one; a missing
-   * or damaged journal that every candidate needs is an error naming that journal.
+   * The checkpoint id to recover `version` with: `id` when given; else, in format v2 (files with
+   * ids), the only id any file of that version has, and an error naming the version when there
+   * are several; `None` in format v1.
    */
-  private def rebuild(version: Long): LiveState = {
+  private def resolveId(all: Seq[StateFile], version: Long, id: Option[String]): Option[String] = id.orElse {
+    val ids = all.filter(_.version == version).flatMap(_.id).distinct
+    if (ids.length > 1) {
+      throw new StateFileException(files.journalPath(version), version, s"Spark asked for this version without a " +
+        s"checkpoint id, and ${ids.length} attempts committed it (ids ${ids.mkString(", ")}); heapstate cannot tell " +
+        "which one Spark kept")
+    }
+    ids.headOption
+  }
+
+  /**
+   * Rebuilds `version` from the newest usable snapshot on its lineage at or below it, plus the
+   * journals above. A damaged snapshot is skipped, with a warning naming it, in favour of an
+   * older one; a missing or damaged journal that every candidate needs is an error naming that
+   * journal.
+   */
+  private def rebuild(version: Long, id: Option[String]): LiveState = {
     val all = files.list()
     highestKnownVersion = math.max(highestKnownVersion, all.map(_.version).maxOption.getOrElse(0L))
     if (version == 0) { newestSnapshot = 0; return new LiveState(prefixOf, 0) }
-    val journals = all.filter(_.kind == Journal).map(f => f.version -> f).toMap
-    val snapshots = all.filter(f => f.kind == Snapshot && f.version <= version).sortBy(-_.version)
-    val candidates: Seq[Option[StateFile]] = snapshots.map(Some(_)) :+ None
+    val wanted = resolveId(all, version, id)
+    val walk = Lineage.walk(all, version, wanted)
+    // Newest first; the empty state of version 0 is the last resort when the journals reach it.
+    val candidates: Seq[Option[StateFile]] = walk.snapshots.map(Some(_)) ++ (if (walk.reachedZero) Seq(None) else Nil)
     var skipped: StateFileException = null
     for (candidate <- candidates) {
       val from = candidate.map(_.version).getOrElse(0L)
-      val missing = (from + 1 to version).find(v => !journals.contains(v))
-      missing.foreach { v =>
-        // Every older candidate needs this journal too. If a newer snapshot was skipped as
-        // damaged, that snapshot is the file at fault: name it, not the long-deleted journal.
-        throw (
-          if (skipped == null) StateFiles.missingJournal(files.dir, v)
-          else new StateFileException(skipped.path, skipped.version,
-            s"it is damaged, and no older snapshot with journals can rebuild version $version " +
-              s"(journal $v is gone): ${skipped.getMessage}", skipped))
-      }
       val st = new LiveState(prefixOf, from)
       val snapshotOk = candidate.forall { snap =>
         try { readSnapshot(st, snap); true }
@@ -229,13 +307,21 @@ final class StateEngine(
         }
       }
       if (snapshotOk) {
-        for (v <- from + 1 to version) applyJournal(st, journals(v))
+        walk.journals.takeWhile(_.version > from).reverse.foreach(j => applyJournal(st, j))
         st.version = version
         newestSnapshot = from
+        wanted.foreach(i => lineageIds.put(version, i))
         return st
       }
     }
-    throw skipped // unreachable: the last candidate (the empty state) has no snapshot to fail
+    val missing = walk.missing.getOrElse(1L)
+    // Every older candidate needed the missing journal. If a newer snapshot was skipped as
+    // damaged, that snapshot is the file at fault: name it, not the long-deleted journal.
+    throw (
+      if (skipped == null) StateFiles.missingJournal(files.dir, missing, walk.missingId)
+      else new StateFileException(skipped.path, skipped.version,
+        s"it is damaged, and no older snapshot with journals can rebuild version $version " +
+          s"(journal $missing is gone): ${skipped.getMessage}", skipped))
   }
 
   private def readSnapshot(st: LiveState, file: StateFile): Unit =
@@ -245,4 +331,44 @@ final class StateEngine(
 
   private def applyJournal(st: LiveState, file: StateFile): Unit =
     files.read(file)((k, v) => st.load(Key(k), v), k => st.load(Key(k), Tombstone.bytes))
+}
+
+/**
+ * The files one version's lineage can be rebuilt from: walking down from version `top` (with
+ * checkpoint id `topId`), each journal names the id of the version below it.
+ *
+ * @param journals  the lineage's journals from `top` down, as far as they go unbroken
+ * @param snapshots the lineage's snapshots met on the way (at `top` and at the versions the
+ *                  journals reach), newest first
+ * @param missing   the version whose journal broke the walk, if it stopped above version 0
+ * @param missingId that version's checkpoint id, as far as the lineage says
+ */
+private final case class Lineage(
+    journals: Seq[StateFile],
+    snapshots: Seq[StateFile],
+    missing: Option[Long],
+    missingId: Option[String]) {
+  def reachedZero: Boolean = missing.isEmpty
+}
+
+private object Lineage {
+  /** Walks down from `top` until a journal is missing or version `stopAt` has been passed. */
+  def walk(all: Seq[StateFile], top: Long, topId: Option[String], stopAt: Long = 1): Lineage = {
+    val journals = all.filter(_.kind == Journal).map(f => (f.version, f.id) -> f).toMap
+    val snapshots = all.filter(_.kind == Snapshot).map(f => (f.version, f.id) -> f).toMap
+    val chain = Seq.newBuilder[StateFile]
+    val snaps = Seq.newBuilder[StateFile]
+    var v = top
+    var id = topId
+    var missing: Option[Long] = None
+    while (v >= stopAt && v > 0 && missing.isEmpty) {
+      snapshots.get((v, id)).foreach(snaps += _)
+      journals.get((v, id)) match {
+        case Some(j) => chain += j; id = j.base; v -= 1
+        case None => missing = Some(v)
+      }
+    }
+    if (missing.isEmpty && v > 0) snapshots.get((v, id)).foreach(snaps += _)
+    Lineage(chain.result(), snaps.result(), missing.orElse(if (v > 0) Some(v) else None), id)
+  }
 }

@@ -27,22 +27,25 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
       try fm.list(dir)
       catch { case _: FileNotFoundException => Array.empty[org.apache.hadoop.fs.FileStatus] }
     statuses.toSeq.flatMap { st =>
-      StateFileNames.parse(st.getPath.getName).map { case (v, kind) =>
-        StateFile(v, kind, st.getPath, st.getLen)
+      StateFileNames.parse(st.getPath.getName).map { n =>
+        StateFile(n.version, n.kind, st.getPath, st.getLen, n.id, n.base)
       }
     }.sortBy(f => (f.version, if (f.kind == Journal) 0 else 1))
   }
 
-  def journalPath(version: Long): Path = StateFileNames.journal(dir, version)
-  def snapshotPath(version: Long): Path = StateFileNames.snapshot(dir, version)
+  def journalPath(version: Long, id: Option[String] = None, base: Option[String] = None): Path =
+    StateFileNames.journal(dir, version, id, base)
+  def snapshotPath(version: Long, id: Option[String] = None): Path = StateFileNames.snapshot(dir, version, id)
 
   /**
    * Writes a journal or snapshot for `version` atomically, overwriting an older file of the same
-   * name (a re-run batch commits its version again). Returns the file's size in bytes.
+   * name (in checkpoint format v1, a re-run batch commits its version again). `id` and `base` are
+   * the checkpoint ids of format v2 (see [[StateFileNames]]). Returns the file's size in bytes.
    */
-  def write(kind: Kind, version: Long, codec: Codec)(records: StateFileWriter => Unit): Long = {
+  def write(kind: Kind, version: Long, codec: Codec, id: Option[String] = None, base: Option[String] = None)(
+      records: StateFileWriter => Unit): Long = {
     if (!dirReady) { fm.mkdirs(dir); dirReady = true }
-    val path = if (kind == Journal) journalPath(version) else snapshotPath(version)
+    val path = if (kind == Journal) journalPath(version, id, base) else snapshotPath(version, id)
     // Only a file that does not exist yet may go through `fastFm`: its rename silently keeps an
     // existing target. Overwrites (a re-run version) are rare and take Spark's default manager.
     val out = (if ((fastFm ne fm) && !fastFm.exists(path)) fastFm else fm).createAtomic(path, true)
@@ -98,8 +101,11 @@ object StateFiles {
     if (local) Some(new FileSystemBasedCheckpointFileManager(dir, hadoopConf)) else None
   }
 
-  def missingJournal(dir: Path, version: Long): MissingStateFileException = {
-    val path = StateFileNames.journal(dir, version)
+  def missingJournal(dir: Path, version: Long, id: Option[String] = None): MissingStateFileException = {
+    val path = id match {
+      case None => StateFileNames.journal(dir, version)
+      case Some(i) => new Path(dir, s"${version}_${i}_*${StateFileNames.JournalSuffix}")
+    }
     new MissingStateFileException(path, version, "it is missing, and no snapshot at or above an " +
       "earlier version can rebuild this version without it")
   }

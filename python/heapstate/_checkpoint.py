@@ -37,9 +37,13 @@ Checkpoints = PathLike | Iterable[PathLike]
 HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
-STATE_FILE = re.compile(r"^(\d+)\.(hs-journal|hs-snapshot|delta|snapshot|changelog|zip)$")
+STATE_FILE = re.compile(
+    r"^(\d+)(?:_[0-9A-Za-z-]+){0,2}\.(hs-journal|hs-snapshot|delta|snapshot|changelog|zip)$"
+)
 """A state file of any provider: heapstate (``hs-*``), HDFS (``delta``, ``snapshot``) or
-RocksDB (``changelog``, ``zip``; its SST files live in subdirectories and are not listed)."""
+RocksDB (``changelog``, ``zip``; its SST files live in subdirectories and are not listed). In
+checkpoint format version 2, heapstate and RocksDB put checkpoint ids after the version
+(``<version>_<id>[_<baseId>]``)."""
 
 FILE_KINDS: dict[str, tuple[str, str]] = {
     "hs-journal": (PROVIDER_CLASS, "journal"),

@@ -102,6 +102,10 @@ class CheckpointFormatV2Suite extends AnyFunSuite {
   }
 
   test("zombie, format v2: two executors commit one version at once; the version Spark keeps loads exactly") {
+    for (_ <- 0 until 20) zombieV2()
+  }
+
+  private def zombieV2(): Unit = {
     val root = tempDir()
     val driverSide = provider(root, V2)
     val c1 = commit(driverSide, 0, None, 1L -> 1L, 2L -> 2L)
@@ -132,7 +136,7 @@ class CheckpointFormatV2Suite extends AnyFunSuite {
   }
 
   test("zombie, format v1: two attempts commit one version, at once or one after the other; it loads whole") {
-    for (concurrent <- Seq(true, false); sameOutput <- Seq(true, false)) {
+    for (_ <- 0 until 10; concurrent <- Seq(true, false); sameOutput <- Seq(true, false)) {
       val root = tempDir()
       val c = provider(root); commit(c, 0, None, 1L -> 1L, 2L -> 2L)
       val (execA, execB) = (provider(root), provider(root))

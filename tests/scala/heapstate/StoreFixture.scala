@@ -22,7 +22,8 @@ object StoreFixture {
   private val prefixKeyProj = UnsafeProjection.create(Array[DataType](StringType, LongType))
   private val stringProj = UnsafeProjection.create(Array[DataType](StringType))
 
-  def row(n: Long): UnsafeRow = longProj(InternalRow(n)).copy()
+  /** Projections reuse one buffer: rows are built under a lock, so that concurrent tests get their own. */
+  def row(n: Long): UnsafeRow = longProj.synchronized(longProj(InternalRow(n)).copy())
   def prefixKey(g: String, t: Long): UnsafeRow = prefixKeyProj(InternalRow(UTF8String.fromString(g), t)).copy()
   def prefix(g: String): UnsafeRow = stringProj(InternalRow(UTF8String.fromString(g))).copy()
 

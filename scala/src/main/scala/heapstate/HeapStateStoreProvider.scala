@@ -7,6 +7,7 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.spark.sql.catalyst.expressions.{BoundReference, UnsafeProjection, UnsafeRow}
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.types.StructType
+import org.apache.spark.unsafe.Platform
 import org.slf4j.LoggerFactory
 
 import heapstate.engine._
@@ -154,6 +155,17 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
   private def valueRow(bytes: Array[Byte]): UnsafeRow = { val r = new UnsafeRow(valueFields); r.pointTo(bytes, bytes.length); r }
   private def pair(key: Array[Byte], value: Array[Byte]) = new UnsafeRowPair(keyRow(key), valueRow(value))
 
+  /** Rows that point into a live [[Entry]] (entries are immutable, so nothing is copied). */
+  private def valueRowOf(entry: Array[Byte]): UnsafeRow = {
+    val r = new UnsafeRow(valueFields)
+    r.pointTo(entry, Platform.BYTE_ARRAY_OFFSET + Entry.valueStart(entry), Entry.valueLength(entry)); r
+  }
+  private def pairOf(entry: Array[Byte]): UnsafeRowPair = {
+    val k = new UnsafeRow(keyFields)
+    k.pointTo(entry, Platform.BYTE_ARRAY_OFFSET + Entry.keyStart, Entry.keyLength(entry))
+    new UnsafeRowPair(k, valueRowOf(entry))
+  }
+
   /**
    * Reads the given journals (one lineage, oldest first) one by one; Spark's change feed calls a
    * version's changes batch `version - 1`.
@@ -196,9 +208,13 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
     override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
       requireDefaultFamily(colFamilyName)
       val probe = new KeyProbe(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes)
-      var value = changes.lookup(probe)
-      if (value == null) value = live.get(probe)
-      if (value == null || Tombstone.is(value)) null else valueRow(value)
+      val changed = if (changes.isEmpty) null else changes.lookup(probe)
+      if (changed != null) {
+        if (Tombstone.is(changed)) null else valueRow(changed)
+      } else {
+        val entry = live.get(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes, probe.hashCode)
+        if (entry == null) null else valueRowOf(entry)
+      }
     }
 
     override def put(key: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit = {
@@ -222,9 +238,9 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       val fromChanges = changed.entrySet().iterator().asScala
         .filter(e => !Tombstone.is(e.getValue))
         .map(e => pair(e.getKey.asInstanceOf[Key].bytes, e.getValue))
-      val fromLive = live.map.entrySet().iterator().asScala
-        .filter(e => !changed.containsKey(e.getKey))
-        .map(e => pair(e.getKey.bytes, e.getValue))
+      val fromLive = live.table.iterator
+        .filter(e => changed.isEmpty || !changed.containsKey(new EntryKeyProbe(e)))
+        .map(pairOf)
       new StateStoreIterator(fromChanges ++ fromLive, () => ())
     }
 
@@ -239,7 +255,7 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       }.toArray
       val fromLive = live.keysWithPrefix(prefix).iterator().asScala
         .filter(k => !changedSet.contains(k))
-        .flatMap(k => Option(live.get(k)).map(v => pair(k.bytes, v)))
+        .flatMap(k => Option(live.get(k)).map(pairOf))
       new StateStoreIterator(fromChanges.iterator ++ fromLive, () => ())
     }
 
@@ -248,6 +264,7 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       val newId = if (checkpointIds) Some(java.util.UUID.randomUUID().toString) else None
       committed = engine.commit(version, changes, uniqueId, newId)
       phase = Committed
+      changes.release() // the live state and the undo log hold what they need of it
       if (storeConf.commitValidationEnabled) {
         StateStore.reportCommitToCoordinator(committed.version, storeId, hadoopConf)
       }

@@ -9,7 +9,7 @@ import java.util.{HashMap => JHashMap, HashSet => JHashSet}
  * removed leaves no trace at all.
  */
 final class ChangeSet(live: LiveState) {
-  private val entries = new JHashMap[AnyRef, Array[Byte]]()
+  private var entries = new JHashMap[AnyRef, Array[Byte]]()
   private val byPrefix: Option[JHashMap[Key, JHashSet[Key]]] =
     live.prefixOf.map(_ => new JHashMap[Key, JHashSet[Key]]())
 
@@ -21,6 +21,7 @@ final class ChangeSet(live: LiveState) {
   var bytes = 0L
 
   def size: Int = entries.size
+  def isEmpty: Boolean = entries.isEmpty
 
   /** The batch's value for `probe`: `null` when unchanged, [[Tombstone]] when removed. */
   def lookup(probe: AnyRef): Array[Byte] = entries.get(probe)
@@ -87,4 +88,7 @@ final class ChangeSet(live: LiveState) {
   }
 
   def clear(): Unit = { entries.clear(); byPrefix.foreach(_.clear()); bytes = 0; keyDelta = 0 }
+
+  /** Drops the changes and the memory behind them, once they are committed; counters stay. */
+  def release(): Unit = { entries = new JHashMap[AnyRef, Array[Byte]](); byPrefix.foreach(_.clear()) }
 }

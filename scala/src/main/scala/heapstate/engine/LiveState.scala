@@ -1,17 +1,20 @@
 package heapstate.engine
 
 import java.util.{HashMap => JHashMap, HashSet => JHashSet}
-import java.util.concurrent.{ConcurrentHashMap, ConcurrentSkipListMap}
+import java.util.concurrent.ConcurrentSkipListMap
 
 /**
  * The one live copy of a partition's state, the undo log that lets it step back, and the view
  * that lets a snapshot of an older committed version be written while the live state moves on.
  *
  * == Versions ==
- * `map` holds the state as of committed version `version`. Committing version `w` (see
- * [[applyCommit]]) first publishes an undo entry `undo(w)`: for every key `w` changes, the key's
- * value as of `w - 1`, or [[Tombstone]] when it was absent. Only then does it change `map`.
- * Replaying `undo(w)` steps the map back from `w` to `w - 1` ([[rollBackTo]]).
+ * `table` holds the state as of committed version `version`, one [[Entry]] (key and value rows
+ * in one array) per key. Committing version `w` (see [[applyCommit]]) first publishes an undo
+ * entry `undo(w)`: for every key `w` changes, the key's entry as of `w - 1`, or [[Tombstone]]
+ * when it was absent. Only then does it change `table`. Replaying `undo(w)` steps the table back
+ * from `w` to `w - 1` ([[rollBackTo]]). When `w - 1` was empty (a query's first batch, a bulk
+ * load), `undo(w)` is the marker [[LiveState.FromEmpty]] instead of one record per key: stepping
+ * back clears the table, and every key present after `w` is one that changed after `w - 1`.
  *
  * == Writers and readers ==
  * One writer (the task thread committing a batch, under the engine's lock) changes `map` and
@@ -20,11 +23,11 @@ import java.util.concurrent.{ConcurrentHashMap, ConcurrentSkipListMap}
  * reloads never run while a snapshot view is open: the engine's `snapshotLock` excludes them.
  *
  * == The snapshot view of version `s` ==
- *  1. For each entry of `map` (a ConcurrentHashMap iterates safely while written): read the value,
- *     then look for the key in the undo entries above `s`. If it is there, the key changed after
- *     `s` and step 2 emits it. Otherwise the value read is the value at `s`: any change to the key
- *     after `s` published its undo entry before changing the map, so a value read after such a
- *     change is always followed by finding the undo entry.
+ *  1. For each entry of `table` (an [[EntryTable]] iterates safely while one writer works): take
+ *     the entry, then look for its key in the undo entries above `s`. If it is there, the key
+ *     changed after `s` and step 2 emits it. Otherwise the entry is the one at `s`: any change to
+ *     the key after `s` published its undo entry before changing the table, so an entry read
+ *     after such a change is always followed by finding the undo entry.
  *  1. For each key in the undo entries above `s`, in version order, the first entry's value is
  *     the value at `s`; emit it unless it is a tombstone.
  * A key that changes after step 1 passed it is emitted by both steps, with the same value (its
@@ -35,8 +38,8 @@ import java.util.concurrent.{ConcurrentHashMap, ConcurrentSkipListMap}
  * Undo entries are kept for the newest `undoVersions` commits, and for every version above a
  * snapshot being written. Older ones are dropped; an older version is then rebuilt from files.
  */
-final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: Long) {
-  val map = new ConcurrentHashMap[Key, Array[Byte]]()
+final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: Long, expectedKeys: Int = 16) {
+  val table = new EntryTable(expectedKeys)
   private val undo = new ConcurrentSkipListMap[java.lang.Long, JHashMap[Key, Array[Byte]]]()
   private val byPrefix: Option[JHashMap[Key, JHashSet[Key]]] =
     prefixOf.map(_ => new JHashMap[Key, JHashSet[Key]]())
@@ -45,14 +48,18 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   @volatile private var liveBytes = 0L
   @volatile private var undoBytes = 0L
 
-  def numKeys: Long = map.mappingCount()
-  def memoryBytes: Long = liveBytes + undoBytes
-  def contains(key: Key): Boolean = map.containsKey(key)
-  def get(probe: AnyRef): Array[Byte] = map.get(probe)
+  def numKeys: Long = table.size
+  def memoryBytes: Long = liveBytes + undoBytes + table.tableBytes
+  def contains(key: Key): Boolean = table.get(key) != null
+  /** The entry of the key `length` bytes at `base`/`offset` (hashing to `hash`), or null. */
+  def get(base: AnyRef, offset: Long, length: Int, hash: Int): Array[Byte] = table.get(base, offset, length, hash)
+  def get(key: Key): Array[Byte] = table.get(key)
 
   /** Loads a record while building a state from files (single-threaded, before publication). */
-  def load(key: Key, value: Array[Byte]): Unit =
-    if (Tombstone.is(value)) mutate(key, null) else mutate(key, value)
+  def load(key: Array[Byte], value: Array[Byte]): Unit = {
+    val hash = Key.hash(key, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.length)
+    if (Tombstone.is(value)) remove(key, hash) else store(Entry(key, value), hash)
+  }
 
   /**
    * Commits `changes` as version `version + 1`: publish the undo entry, then change the map.
@@ -60,17 +67,20 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
    */
   def applyCommit(changes: ChangeSet, keepUndoAbove: Long): Unit = {
     val newVersion = version + 1
-    val entry = new JHashMap[Key, Array[Byte]](math.max(16, changes.size * 4 / 3 + 1))
+    val fromEmpty = table.size == 0
+    val entry = if (fromEmpty) LiveState.FromEmpty else new JHashMap[Key, Array[Byte]](math.max(16, changes.size * 4 / 3 + 1))
     var entryBytes = 0L
-    changes.foreach { (key, _) =>
-      val prior = map.get(key)
+    if (!fromEmpty) changes.foreach { (key, _) =>
+      val prior = table.get(key)
       val recorded = if (prior == null) Tombstone.bytes else prior
       entry.put(key, recorded)
       entryBytes += MemoryModel.undoEntry(recorded)
     }
-    undo.put(newVersion, entry) // published before any change to `map`
+    undo.put(newVersion, entry) // published before any change to `table`
     undoBytes += entryBytes
-    changes.foreach { (key, value) => mutate(key, if (Tombstone.is(value)) null else value) }
+    changes.foreach { (key, value) =>
+      if (Tombstone.is(value)) remove(key.bytes, key.hashCode) else store(Entry(key.bytes, value), key.hashCode)
+    }
     version = newVersion
     dropUndoUpTo(keepUndoAbove)
   }
@@ -83,8 +93,11 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   def rollBackTo(target: Long): Unit = {
     while (version > target) {
       val entry = undo.remove(version)
+      if (entry eq LiveState.FromEmpty) {
+        table.clear(); byPrefix.foreach(_.clear()); liveBytes = 0
+      }
       entry.forEach { (key, prior) =>
-        mutate(key, if (Tombstone.is(prior)) null else prior)
+        if (Tombstone.is(prior)) remove(key.bytes, key.hashCode) else store(prior, key.hashCode)
         undoBytes -= MemoryModel.undoEntry(prior)
       }
       version -= 1
@@ -100,25 +113,33 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     }
   }
 
-  /** Sets (value != null) or removes (value == null) one key in the map and the prefix index. */
-  private def mutate(key: Key, value: Array[Byte]): Unit = {
-    val previous = if (value == null) map.remove(key) else map.put(key, value)
-    if (previous != null) liveBytes -= MemoryModel.liveEntry(key, previous)
-    if (value != null) liveBytes += MemoryModel.liveEntry(key, value)
-    byPrefix.foreach { index =>
-      if (previous == null && value != null) {
-        index.computeIfAbsent(prefixOf.get(key.bytes), _ => new JHashSet[Key]()).add(key)
-        liveBytes += MemoryModel.prefixMember
-      } else if (previous != null && value == null) {
-        val prefix = prefixOf.get(key.bytes)
+  /** Stores `entry` (its key hashing to `hash`) in the table, and its key in the prefix index. */
+  private def store(entry: Array[Byte], hash: Int): Unit = {
+    val previous = table.put(entry, hash)
+    if (previous != null) liveBytes -= MemoryModel.liveEntry(previous)
+    liveBytes += MemoryModel.liveEntry(entry)
+    if (previous == null) byPrefix.foreach { index =>
+      val key = new Key(Entry.key(entry), hash)
+      index.computeIfAbsent(prefixOf.get(key.bytes), _ => new JHashSet[Key]()).add(key)
+      liveBytes += MemoryModel.prefixMember
+    }
+  }
+
+  /** Removes `key` (hashing to `hash`) from the table and the prefix index. */
+  private def remove(key: Array[Byte], hash: Int): Unit = {
+    val previous = table.remove(key, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.length, hash)
+    if (previous != null) {
+      liveBytes -= MemoryModel.liveEntry(previous)
+      byPrefix.foreach { index =>
+        val prefix = prefixOf.get(key)
         val set = index.get(prefix)
-        if (set != null) { set.remove(key); if (set.isEmpty) index.remove(prefix) }
+        if (set != null) { set.remove(new Key(key, hash)); if (set.isEmpty) index.remove(prefix) }
         liveBytes -= MemoryModel.prefixMember
       }
     }
   }
 
-  /** The live keys that share `prefix` (task thread only; the map does not move during a batch). */
+  /** The live keys that share `prefix` (task thread only; the table does not move during a batch). */
   def keysWithPrefix(prefix: Key): java.util.Set[Key] = byPrefix match {
     case Some(index) =>
       val set = index.get(prefix)
@@ -131,25 +152,29 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
    * comment, while commits may go on. The caller holds the snapshot lock and keeps undo entries
    * above `s` alive until this returns.
    */
-  def writeSnapshotView(s: Long, emit: (Key, Array[Byte]) => Unit): Unit = {
+  def writeSnapshotView(s: Long, emit: Array[Byte] => Unit): Unit = {
     val later = undo.tailMap(s, false)
-    def changedAfterS(key: Key): Boolean = {
+    def changedAfterS(entry: Array[Byte]): Boolean = !later.isEmpty && {
+      val probe = new EntryKeyProbe(entry)
       val it = later.values().iterator()
-      while (it.hasNext) if (it.next().containsKey(key)) return true
-      false
+      var found = false
+      while (!found && it.hasNext) { val u = it.next(); found = (u eq LiveState.FromEmpty) || u.containsKey(probe) }
+      found
     }
-    val entries = map.entrySet().iterator()
-    while (entries.hasNext) {
-      val e = entries.next()
-      val value = e.getValue // read the value first, then look for a later change
-      if (!changedAfterS(e.getKey)) emit(e.getKey, value)
-    }
+    // The entry is taken first, then the undo log is consulted (see the class comment).
+    table.foreach(entry => if (!changedAfterS(entry)) emit(entry))
     val seen = new JHashSet[Key]()
     val it = later.values().iterator()
-    while (it.hasNext) {
-      it.next().forEach { (key, prior) =>
-        if (seen.add(key) && !Tombstone.is(prior)) emit(key, prior)
-      }
+    var emptied = false // past a FromEmpty marker, every key first seen was absent at `s`
+    while (it.hasNext && !emptied) {
+      val u = it.next()
+      if (u eq LiveState.FromEmpty) emptied = true
+      else u.forEach { (key, prior) => if (seen.add(key) && !Tombstone.is(prior)) emit(prior) }
     }
   }
+}
+
+object LiveState {
+  /** The undo entry of a version committed on top of an empty state: step back by clearing. */
+  private val FromEmpty = new JHashMap[Key, Array[Byte]](1)
 }

@@ -9,15 +9,15 @@ object MemoryModel {
   private def array(length: Int): Long = align(16L + length)
   private def align(n: Long): Long = (n + 7) & ~7L
 
-  /** A ConcurrentHashMap node (32), its share of the table (8), the Key (24) and both arrays. */
-  def liveEntry(key: Key, value: Array[Byte]): Long = 64 + array(key.bytes.length) + array(value.length)
+  /** One [[Entry]] array; the table's slots are counted by [[EntryTable.tableBytes]]. */
+  def liveEntry(entry: Array[Byte]): Long = array(entry.length)
 
   /** A HashMap node and table share; the key is shared with the live map. */
   def changeEntry(key: Key, value: Array[Byte]): Long =
     40 + array(key.bytes.length) + 24 + (if (Tombstone.is(value)) 0 else array(value.length))
 
-  /** An undo record: HashMap node and table share; keys are shared, old values are kept alive. */
-  def undoEntry(prior: Array[Byte]): Long = 40 + (if (Tombstone.is(prior)) 0 else array(prior.length))
+  /** An undo record: HashMap node and table share, and the key; old entries are kept alive. */
+  def undoEntry(prior: Array[Byte]): Long = 64 + (if (Tombstone.is(prior)) 0 else array(prior.length))
 
   /** A prefix index member: a HashSet node plus its share of the set's table. */
   val prefixMember: Long = 48

@@ -166,7 +166,7 @@ final class StateEngine(
       try {
         val started = System.nanoTime()
         val bytes = files.write(Snapshot, s, settings.codec, id) { w =>
-          st.writeSnapshotView(s, (key, value) => w.put(key.bytes, value))
+          st.writeSnapshotView(s, w.putEntry)
         }
         newestSnapshot = math.max(newestSnapshot, s)
         log.info(f"Wrote snapshot of version $s for ${files.dir}: $bytes%d bytes in " +
@@ -326,11 +326,11 @@ final class StateEngine(
 
   private def readSnapshot(st: LiveState, file: StateFile): Unit =
     files.read(file)(
-      (k, v) => st.load(Key(k), v),
+      (k, v) => st.load(k, v),
       _ => throw new StateFileException(file.path, file.version, "a snapshot holds a delete record"))
 
   private def applyJournal(st: LiveState, file: StateFile): Unit =
-    files.read(file)((k, v) => st.load(Key(k), v), k => st.load(Key(k), Tombstone.bytes))
+    files.read(file)((k, v) => st.load(k, v), k => st.load(k, Tombstone.bytes))
 }
 
 /**

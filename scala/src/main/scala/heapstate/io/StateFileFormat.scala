@@ -135,6 +135,15 @@ final class StateFileWriter(raw: OutputStream, header: StateFileFormat.Header) {
     records += 1
   }
 
+  /** Writes a put record from an entry `[key length: i32][key][value]` (see `heapstate.engine.Entry`). */
+  def putEntry(entry: Array[Byte]): Unit = {
+    val keyLength = org.apache.spark.unsafe.Platform.getInt(entry, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET)
+    out.writeByte(RecordPut)
+    out.writeInt(keyLength); out.write(entry, 4, keyLength)
+    out.writeInt(entry.length - 4 - keyLength); out.write(entry, 4 + keyLength, entry.length - 4 - keyLength)
+    records += 1
+  }
+
   def delete(key: Array[Byte]): Unit = {
     out.writeByte(RecordDelete)
     out.writeInt(key.length); out.write(key)

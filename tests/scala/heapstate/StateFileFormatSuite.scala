@@ -32,10 +32,27 @@ class StateFileFormatSuite extends AnyFunSuite {
   }
   private val expected = records.map { case (k, v) => (k.toSeq, v.map(_.toSeq)) }
 
+  /** Reads through `readEntries`, splitting each entry back into key and value. */
+  private def readAsEntries(bytes: Array[Byte]): Seq[(Seq[Byte], Option[Seq[Byte]])] = {
+    val got = Seq.newBuilder[(Seq[Byte], Option[Seq[Byte]])]
+    StateFileReader.readEntries(new ByteArrayInputStream(bytes), bytes.length, path, 7, StateFileFormat.KindJournal,
+      e => got += ((engine.Entry.key(e).toSeq, Some(engine.Entry.value(e).toSeq))), k => got += ((k.toSeq, None)))
+    got.result()
+  }
+
   for (codec <- Codec.all) {
     test(s"round trip with ${codec.name}") {
       assert(read(write(codec, records)) == expected)
+      assert(readAsEntries(write(codec, records)) == expected)
     }
+  }
+
+  test("entries written with putEntry read back as the same records") {
+    val out = new ByteArrayOutputStream()
+    val w = new StateFileWriter(out, StateFileFormat.Header(StateFileFormat.KindJournal, Codec.Lz4, 7, 3))
+    records.foreach { case (k, v) => v.fold(w.delete(k))(value => w.putEntry(engine.Entry(k, value))) }
+    w.finish()
+    assert(read(out.toByteArray) == expected)
   }
 
   test("an empty journal round-trips") {

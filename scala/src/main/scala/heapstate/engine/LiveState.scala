@@ -55,6 +55,9 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   def get(base: AnyRef, offset: Long, length: Int, hash: Int): Array[Byte] = table.get(base, offset, length, hash)
   def get(key: Key): Array[Byte] = table.get(key)
 
+  /** Loads an entry read from a file (single-threaded, before publication). */
+  def loadEntry(entry: Array[Byte]): Unit = store(entry, Entry.keyHash(entry))
+
   /** Loads a record while building a state from files (single-threaded, before publication). */
   def load(key: Array[Byte], value: Array[Byte]): Unit = {
     val hash = Key.hash(key, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.length)

@@ -325,12 +325,12 @@ final class StateEngine(
   }
 
   private def readSnapshot(st: LiveState, file: StateFile): Unit =
-    files.read(file)(
-      (k, v) => st.load(k, v),
+    files.readEntries(file)(
+      entry => st.loadEntry(entry),
       _ => throw new StateFileException(file.path, file.version, "a snapshot holds a delete record"))
 
   private def applyJournal(st: LiveState, file: StateFile): Unit =
-    files.read(file)((k, v) => st.load(k, v), k => st.load(k, Tombstone.bytes))
+    files.readEntries(file)(st.loadEntry, k => st.load(k, Tombstone.bytes))
 }
 
 /**

@@ -180,6 +180,31 @@ object StateFileReader {
       version: Long,
       expectedKind: Byte,
       onPut: (Array[Byte], Array[Byte]) => Unit,
+      onDelete: Array[Byte] => Unit): Header =
+    readRecords(in, fileLength, path, version, expectedKind, Left(onPut), onDelete)
+
+  /**
+   * Like [[read]], but hands each put record over as one entry array,
+   * `[key length: i32][key][value]` (`heapstate.engine.Entry`'s layout), read straight into
+   * place: recovery allocates one array per key instead of three.
+   */
+  def readEntries(
+      in: InputStream,
+      fileLength: Long,
+      path: Path,
+      version: Long,
+      expectedKind: Byte,
+      onEntry: Array[Byte] => Unit,
+      onDelete: Array[Byte] => Unit): Header =
+    readRecords(in, fileLength, path, version, expectedKind, Right(onEntry), onDelete)
+
+  private def readRecords(
+      in: InputStream,
+      fileLength: Long,
+      path: Path,
+      version: Long,
+      expectedKind: Byte,
+      onPut: Either[(Array[Byte], Array[Byte]) => Unit, Array[Byte] => Unit],
       onDelete: Array[Byte] => Unit): Header = {
     def bad(reason: String, cause: Throwable = null) =
       new StateFileException(path, version, reason, cause)
@@ -195,19 +220,37 @@ object StateFileReader {
       }
       val body = new ChecksummedInput(in, bodyLength)
       val records = new DataInputStream(new BufferedInputStream(header.codec.decompress(body), BufferBytes))
-      def readRow(what: String): Array[Byte] = {
+      def readLength(what: String): Int = {
         val len = records.readInt()
         if (len < 0 || len > MaxRowBytes) throw bad(s"a $what length of $len bytes is impossible")
-        val row = new Array[Byte](len)
+        len
+      }
+      def readRow(what: String): Array[Byte] = {
+        val row = new Array[Byte](readLength(what))
         records.readFully(row)
         row
+      }
+      def readEntry(): Array[Byte] = {
+        val keyLength = readLength("key")
+        val keyBytes = new Array[Byte](keyLength)
+        records.readFully(keyBytes)
+        val valueLength = readLength("value")
+        val entry = new Array[Byte](4 + keyLength + valueLength)
+        org.apache.spark.unsafe.Platform.putInt(entry, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, keyLength)
+        System.arraycopy(keyBytes, 0, entry, 4, keyLength)
+        records.readFully(entry, 4 + keyLength, valueLength)
+        entry
       }
       var count = 0L
       var done = false
       while (!done) {
         records.readByte() match {
           case RecordPut =>
-            val key = readRow("key"); onPut(key, readRow("value")); count += 1
+            onPut match {
+              case Left(f) => val key = readRow("key"); f(key, readRow("value"))
+              case Right(f) => f(readEntry())
+            }
+            count += 1
           case RecordDelete =>
             onDelete(readRow("key")); count += 1
           case RecordEnd =>

@@ -75,6 +75,18 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
     finally in.close()
   }
 
+  /** Reads `file`, handing each put record over as one entry array (see [[StateFileReader.readEntries]]). */
+  def readEntries(file: StateFile)(onEntry: Array[Byte] => Unit, onDelete: Array[Byte] => Unit): StateFileFormat.Header = {
+    val in =
+      try fm.open(file.path)
+      catch {
+        case e: FileNotFoundException =>
+          throw new MissingStateFileException(file.path, file.version, s"it is missing (${e.getMessage})")
+      }
+    try StateFileReader.readEntries(in, file.length, file.path, file.version, kindByte(file.kind), onEntry, onDelete)
+    finally in.close()
+  }
+
   def exists(path: Path): Boolean = fm.exists(path)
 
   private def kindByte(kind: Kind): Byte =

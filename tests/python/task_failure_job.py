@@ -1,17 +1,21 @@
 """A streaming count per key whose tasks fail on purpose, for test_task_failure.py.
 
 One SparkSession in ``local[2, 4]`` (two cores, four attempts per task) runs the same query once
-per scenario and provider, each with its own checkpoint, over the JSON files of ``--input`` (one
-per micro-batch, ``Trigger.AvailableNow``; column ``b`` holds the file's batch index): Python UDF ``gate`` on the input, ``groupBy(k)``
-count in update mode over 2 shuffle partitions, and a ``foreachBatch`` sink that sorts each state
-partition's output and passes it through Python UDF ``after_commit`` in the same task as the
-state commit (the sort consumes all of the partition's rows, so the store has committed before
-the UDF sees the first row), then writes the batch's rows to ``sink/<batch id>.json``,
-overwriting: an idempotent write keyed by batch id. The scenarios, at batch ``FAIL_BATCH`` and
-state partition ``FAIL_PARTITION``:
+per scenario and provider, each with its own checkpoint, over the JSON files of ``--input``: one
+per micro-batch (``Trigger.AvailableNow``), whose column ``b`` holds the file's batch index.
+
+The query: Python UDF ``gate`` on the input, a count per ``k`` in update mode over 2 shuffle
+partitions, and a ``foreachBatch`` sink. The sink sorts each state partition's output and passes
+it through Python UDF ``after_commit``, in the same task as the state commit: the sort consumes
+all of the partition's rows, so the store has committed before the UDF sees the first row. It
+then writes the batch's rows to ``sink/<batch id>.json``, overwriting: an idempotent write keyed
+by batch id. The scenarios, at batch ``FAIL_BATCH`` and state partition ``FAIL_PARTITION``:
 
 - ``clean``: no failure, the reference.
 - ``upstream``: ``gate`` raises in the first attempt of the batch's input task; Spark retries it.
+- ``in-state-function``: the count runs in ``applyInPandasWithState``, whose function raises at
+  the partition's second key in the first attempt: the task fails with the store open and the
+  first key's state updated.
 - ``after-commit``: ``after_commit`` raises in the first attempt of the partition's task, after
   the store committed the batch's version; the retried task commits the same version again in
   the same executor.
@@ -21,7 +25,8 @@ state partition ``FAIL_PARTITION``:
   commits the batch's version again.
 - ``restart``: the sink raises once after the batch's state was committed; the query stops with
   that error and is started again from its checkpoint in the same session, which re-runs the
-  batch and commits its version again.
+  batch and commits its version again (through a new provider instance: Spark keys providers by
+  the query's run id).
 
 Each failure happens once: the failing attempt creates a marker file (exclusively) that records
 what the test needs to know it really happened, e.g. that the version's state file was already

@@ -14,7 +14,9 @@ oracle), over the same six input files. In batch 3 (version 4) it makes one thin
 - ``run-twice``: the ``foreachBatch`` sink runs every batch's plan twice, so every version of
   every store is committed twice by the same store provider;
 - ``restart``: the sink raises once after version 4 was committed, which stops the query; it is
-  started again in the same session and re-runs batch 3 over the committed version.
+  started again in the same session and re-runs batch 3 over the committed version. Spark keys
+  store providers by the query's run id, so here a new provider in the same JVM (where the old
+  one may still be loaded) finds version 4 on disk and commits it again.
 
 Every micro-batch's output and the final state (``spark.read.format("statestore")``) must equal
 the clean run's. Each scenario must also prove that its fault happened: the failing attempt

@@ -174,6 +174,9 @@ def plan(checkpoint: PathLike, to: str, idle_seconds: float = DEFAULT_IDLE_SECON
         raise MigrationRefused(f"--to {to!r}: expected one of {', '.join(TARGETS)}")
     target = TARGETS[to]
     path = require_checkpoint(checkpoint).absolute()
+    # Activity first: a running query also has an uncommitted batch most of the time, and
+    # "it is running" is the message that tells the user what to do.
+    check_quiet(path, idle_seconds)
     offsets = _batch_ids(path / "offsets")
     commits = _batch_ids(path / "commits")
     if not offsets:
@@ -194,7 +197,6 @@ def plan(checkpoint: PathLike, to: str, idle_seconds: float = DEFAULT_IDLE_SECON
             f"{path}: commits/{last_commit} has no offset log entry (the newest is "
             f"offsets/{offsets[-1]}); the checkpoint is inconsistent"
         )
-    check_quiet(path, idle_seconds)
     entry = OffsetEntry.read(path / "offsets" / str(offsets[-1]))
     source = entry.conf.get(PROVIDER_CONF)
     if source is None:

@@ -120,7 +120,7 @@ object CheckpointMigration {
           case e: MigrationException => throw e
           case NonFatal(e) =>
             throw new MigrationException(s"$spec (${spec.id(stateRoot).storeCheckpointLocation()}): " +
-              s"could not convert version $version from ${short(sourceProvider)} to ${short(targetProvider)}: $e", e)
+              s"could not convert version $version from ${short(sourceProvider)} to ${short(targetProvider)}: ${causes(e)}", e)
         }
       stores.add(entry)
     }
@@ -350,6 +350,12 @@ object CheckpointMigration {
     val r = new org.apache.spark.sql.catalyst.expressions.UnsafeRow(fields)
     r.pointTo(bytes, bytes.length)
     r
+  }
+
+  /** `e` and its causes, outermost first: Spark's load errors keep the file at fault in a cause. */
+  private def causes(e: Throwable): String = {
+    val chain = Iterator.iterate(e)(_.getCause).takeWhile(_ != null).take(8).toSeq
+    chain.map(_.toString).distinct.mkString("; caused by ")
   }
 
   private def short(provider: String): String = provider.substring(provider.lastIndexOf('.') + 1)

@@ -355,7 +355,17 @@ def migrate(
     Raises :class:`MigrationRefused` (a ``ValueError``) when the checkpoint cannot be migrated, and
     ``RuntimeError`` when a conversion fails; the checkpoint is then unchanged.
 
+    A dry run on a stopped query's checkpoint made with heapstate, which committed one batch:
+
     >>> from heapstate._migration import migrate
+    >>> report = migrate(checkpoint, to="hdfs", dry_run=True, idle_seconds=0)
+    >>> report["source"], report["batch"], report["version"]
+    ('heapstate.HeapStateStoreProvider', 0, 1)
+    >>> [w.split("/state/")[-1] for w in report["written"]]  # doctest: +ELLIPSIS
+    ['0/0/1.snapshot', '0/1/1.snapshot', '/.../offsets/0']
+
+    and the migration itself, for real:
+
     >>> report = migrate("/data/checkpoints/orders", to="heapstate")  # doctest: +SKIP
     >>> report["backup"]  # doctest: +SKIP
     '/data/checkpoints/orders/_heapstate_migration_backup/20261121T181500123456Z'

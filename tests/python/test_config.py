@@ -19,6 +19,7 @@ import heapstate
 import heapstate._checkpoint
 import heapstate._config
 import heapstate._inspection
+import heapstate._migration
 import heapstate._session
 import heapstate.cli
 import pytest
@@ -420,6 +421,7 @@ def heapstate_checkpoint(spark: SparkSession, tmp_path_factory: pytest.TempPathF
         heapstate._checkpoint,
         heapstate._session,
         heapstate._inspection,
+        heapstate._migration,
         heapstate.cli,
     ],
     ids=lambda m: m.__name__,

@@ -483,6 +483,44 @@ def test_migrate_back_to_hdfs_continues_where_it_stopped(
     assert_migrated_checkpoint(migrated, HEAPSTATE_PROVIDER, HDFS_PROVIDER, len(family.stores))
 
 
+def test_round_trip_hdfs_heapstate_hdfs(
+    spark: SparkSession, tmp_path: Path, reference_dir: Path
+) -> None:
+    """Two batches on each provider in turn: each migration starts from the other's files."""
+    family = FAMILIES["aggregation"]
+    checkpoint = tmp_path / "checkpoint"
+    dirs = _source_dirs(tmp_path, family)
+    out = []
+    for phase, (provider, to) in enumerate(
+        [(HDFS_PROVIDER, "heapstate"), (HDFS_PROVIDER, "hdfs"), (HDFS_PROVIDER, None)]
+    ):
+        _feed(tmp_path, family, range(2 * phase, 2 * phase + 2))
+        out += run_available_now(spark, provider, family.build, dirs, checkpoint, "update")
+        if to is not None:
+            migrate(checkpoint, to, idle_seconds=0)
+
+    assert out == aggregation_model()
+    pins = [offset_log_metadata(checkpoint, b)["conf"][PROVIDER_CONF] for b in range(6)]
+    assert pins == [
+        HDFS_PROVIDER,
+        HEAPSTATE_PROVIDER,
+        HEAPSTATE_PROVIDER,
+        HDFS_PROVIDER,
+        HDFS_PROVIDER,
+        HDFS_PROVIDER,
+    ]
+    for d in state_store_dirs(checkpoint):
+        files = store_files(d)
+        assert files.of("delta") == {1, 2, 5, 6}, d
+        assert files.of("hs-journal") == {3, 4}, d
+        assert 2 in files.of("hs-snapshot") and 4 in files.of("snapshot"), d
+    assert len(list((checkpoint / BACKUP_DIR).iterdir())) == 2
+    ref = reference(spark, reference_dir, "aggregation")
+    assert final_state(spark, checkpoint, family.stores) == final_state(
+        spark, ref.checkpoint, family.stores
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # Dry run, refusals and failures: nothing changes
 

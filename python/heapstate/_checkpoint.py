@@ -172,7 +172,13 @@ def warn_if_pinned_elsewhere(checkpoint: Checkpoints, provider: str, caller: str
         pin = read_provider_pin(location)
         if pin is None or pin.provider is None or pin.provider == provider:
             continue
-        if provider == PROVIDER_CLASS:
+        if provider == PROVIDER_CLASS and pin.provider == HDFS_PROVIDER:
+            advice = (
+                "To run that query on heapstate with its state, stop it and run "
+                f"`heapstate migrate {location} --to heapstate`; or start it with a new "
+                "checkpoint location (its state then starts empty)."
+            )
+        elif provider == PROVIDER_CLASS:
             advice = (
                 "To run that query on heapstate, start it with a new checkpoint location "
                 "(its state then starts empty)."

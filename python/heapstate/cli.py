@@ -4,9 +4,12 @@
       prints the spark-submit flags that turn heapstate on
   heapstate inspect CHECKPOINT [--json] [--no-verify]
       shows each operator's and partition's state files, versions and recovery chains
+  heapstate migrate CHECKPOINT --to {heapstate,hdfs} [--dry-run] [--json] [--idle-seconds S]
+      moves a stopped query's state between Spark's HDFS provider and heapstate
 
 Exit codes: 0 success; 1 inspect found damaged files or versions that cannot be recovered;
-2 the command could not run (bad arguments, a path that is not a checkpoint, ...).
+2 the command could not run (bad arguments, a path that is not a checkpoint, a migration refused
+or failed, ...).
 """
 
 from __future__ import annotations
@@ -57,6 +60,35 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="only list files and sizes: no JVM, no verification, no recovery chains",
     )
+
+    migrate = sub.add_parser(
+        "migrate",
+        help="move a stopped query's state between Spark's HDFS provider and heapstate",
+        description="Convert the state of the last committed batch of every operator, partition "
+        "and store into the other provider's snapshot, verify it by loading it back, then pin "
+        "that provider in the newest offset log entry (backed up first), so that the restarted "
+        "query continues where it stopped. Refuses while the query looks active (a file under "
+        "offsets/, commits/ or state/ written less than --idle-seconds ago), when a batch is "
+        "uncommitted, and for other providers. Needs pyspark: the state is read and written "
+        "by the providers themselves, in a local JVM.",
+    )
+    migrate.add_argument("checkpoint", metavar="CHECKPOINT", help="a local checkpoint location")
+    migrate.add_argument(
+        "--to", required=True, choices=["heapstate", "hdfs"], help="the provider to move to"
+    )
+    migrate.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check and read every store, show what would be written, write nothing",
+    )
+    migrate.add_argument("--json", action="store_true", help="print JSON instead of text")
+    migrate.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="refuse if the checkpoint was written less than S seconds ago (default 60)",
+    )
     return parser
 
 
@@ -84,6 +116,14 @@ def _inspect(args: argparse.Namespace) -> int:
     return EXIT_PROBLEMS if report["problems"] else 0
 
 
+def _migrate(args: argparse.Namespace) -> int:
+    from heapstate._migration import format_text, migrate
+
+    report = migrate(args.checkpoint, args.to, dry_run=args.dry_run, idle_seconds=args.idle_seconds)
+    print(json.dumps(report, indent=2) if args.json else format_text(report))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default: ``sys.argv[1:]``); return the exit code.
 
@@ -96,6 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "submit-args":
             return _submit_args(args)
+        if args.command == "migrate":
+            return _migrate(args)
         return _inspect(args)
     except (ValueError, OSError, RuntimeError) as e:  # NotACheckpointError is a ValueError
         print(f"heapstate {args.command}: error: {e}", file=sys.stderr)

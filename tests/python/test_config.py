@@ -19,6 +19,7 @@ import heapstate
 import heapstate._checkpoint
 import heapstate._config
 import heapstate._inspection
+import heapstate._migration
 import heapstate._session
 import heapstate.cli
 import pytest
@@ -241,7 +242,8 @@ def test_configure_warns_about_a_checkpoint_of_another_provider(tmp_path: Path) 
             f"checkpoint {hdfs_cp} was made with {HDFS_PROVIDER} (pinned in offsets/4): "
             f"configure() sets {HEAPSTATE_PROVIDER} for new queries, but a query restarted from "
             "this checkpoint keeps using HDFSBackedStateStoreProvider. To run that query on "
-            "heapstate, start it with a new checkpoint location (its state then starts empty)."
+            f"heapstate with its state, stop it and run `heapstate migrate {hdfs_cp} --to "
+            "heapstate`; or start it with a new checkpoint location (its state then starts empty)."
         )
     ]
 
@@ -371,7 +373,8 @@ def test_new_queries_follow_the_toggle(session: SparkSession, tmp_path: Path) ->
             f"checkpoint {off_cp} was made with {HDFS_PROVIDER} (pinned in offsets/1): "
             f"heapstate.enable() sets {HEAPSTATE_PROVIDER} for new queries, but a query restarted "
             "from this checkpoint keeps using HDFSBackedStateStoreProvider. To run that query on "
-            "heapstate, start it with a new checkpoint location (its state then starts empty)."
+            f"heapstate with its state, stop it and run `heapstate migrate {off_cp} --to "
+            "heapstate`; or start it with a new checkpoint location (its state then starts empty)."
         )
     ]
     with pytest.warns(heapstate.ProviderMismatchWarning) as caught:
@@ -418,6 +421,7 @@ def heapstate_checkpoint(spark: SparkSession, tmp_path_factory: pytest.TempPathF
         heapstate._checkpoint,
         heapstate._session,
         heapstate._inspection,
+        heapstate._migration,
         heapstate.cli,
     ],
     ids=lambda m: m.__name__,

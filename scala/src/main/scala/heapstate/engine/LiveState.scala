@@ -58,11 +58,9 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   /** Loads an entry read from a file (single-threaded, before publication). */
   def loadEntry(entry: Array[Byte]): Unit = store(entry, Entry.keyHash(entry))
 
-  /** Loads a record while building a state from files (single-threaded, before publication). */
-  def load(key: Array[Byte], value: Array[Byte]): Unit = {
-    val hash = Key.hash(key, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.length)
-    if (Tombstone.is(value)) remove(key, hash) else store(Entry(key, value), hash)
-  }
+  /** Loads a journal's delete record (single-threaded, before publication). */
+  def loadDelete(key: Array[Byte]): Unit =
+    remove(key, Key.hash(key, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.length))
 
   /**
    * Commits `changes` as version `version + 1`: publish the undo entry, then change the map.

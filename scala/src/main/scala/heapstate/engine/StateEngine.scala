@@ -100,9 +100,6 @@ final class StateEngine(
     }
   }
 
-  /** The checkpoint id of the live lineage's `version`, if it has one and undo can reach it. */
-  def idOf(version: Long): Option[String] = synchronized { Option(lineageIds.get(version)) }
-
   /** Whether the live lineage's `version` is the one asked for (no id asked: any will do). */
   private def idMatches(version: Long, id: Option[String]): Boolean =
     id.forall(i => version == 0 || lineageIds.get(version) == i)
@@ -186,7 +183,7 @@ final class StateEngine(
    * abandoned attempts above that snapshot wait until they fall below a later one.
    */
   def cleanup(): Seq[StateFile] = {
-    val (st, liveId) = synchronized { (state, Option(if (state == null) null else lineageIds.get(state.version))) }
+    val (st, liveId) = synchronized { val s = state; (s, if (s == null) None else Option(lineageIds.get(s.version))) }
     val all = files.list()
     if (st == null || all.isEmpty) return Nil
     // Count from the live version, not the highest file: after a re-run, higher files belong to
@@ -326,11 +323,11 @@ final class StateEngine(
 
   private def readSnapshot(st: LiveState, file: StateFile): Unit =
     files.readEntries(file)(
-      entry => st.loadEntry(entry),
+      st.loadEntry,
       _ => throw new StateFileException(file.path, file.version, "a snapshot holds a delete record"))
 
   private def applyJournal(st: LiveState, file: StateFile): Unit =
-    files.readEntries(file)(st.loadEntry, k => st.load(k, Tombstone.bytes))
+    files.readEntries(file)(st.loadEntry, st.loadDelete)
 }
 
 /**

@@ -64,27 +64,23 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
   }
 
   /** Reads `file`, handing records to the callbacks; see [[StateFileReader]] for the guarantees. */
-  def read(file: StateFile)(onPut: (Array[Byte], Array[Byte]) => Unit, onDelete: Array[Byte] => Unit): StateFileFormat.Header = {
-    val in =
-      try fm.open(file.path)
-      catch {
-        case e: FileNotFoundException =>
-          throw new MissingStateFileException(file.path, file.version, s"it is missing (${e.getMessage})")
-      }
-    try StateFileReader.read(in, file.length, file.path, file.version, kindByte(file.kind), onPut, onDelete)
-    finally in.close()
-  }
+  def read(file: StateFile)(onPut: (Array[Byte], Array[Byte]) => Unit, onDelete: Array[Byte] => Unit): StateFileFormat.Header =
+    withInput(file)(in => StateFileReader.read(in, file.length, file.path, file.version, kindByte(file.kind), onPut, onDelete))
 
   /** Reads `file`, handing each put record over as one entry array (see [[StateFileReader.readEntries]]). */
-  def readEntries(file: StateFile)(onEntry: Array[Byte] => Unit, onDelete: Array[Byte] => Unit): StateFileFormat.Header = {
+  def readEntries(file: StateFile)(onEntry: Array[Byte] => Unit, onDelete: Array[Byte] => Unit): StateFileFormat.Header =
+    withInput(file)(in =>
+      StateFileReader.readEntries(in, file.length, file.path, file.version, kindByte(file.kind), onEntry, onDelete))
+
+  /** Opens `file` for `body` and closes it after; a file gone since listing is named as missing. */
+  private def withInput[T](file: StateFile)(body: java.io.InputStream => T): T = {
     val in =
       try fm.open(file.path)
       catch {
         case e: FileNotFoundException =>
           throw new MissingStateFileException(file.path, file.version, s"it is missing (${e.getMessage})")
       }
-    try StateFileReader.readEntries(in, file.length, file.path, file.version, kindByte(file.kind), onEntry, onDelete)
-    finally in.close()
+    try body(in) finally in.close()
   }
 
   def exists(path: Path): Boolean = fm.exists(path)

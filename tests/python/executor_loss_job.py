@@ -24,11 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import heapstate
+import windowed_count
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQueryListener
 
-SCHEMA = "k LONG, t TIMESTAMP"
 SHUFFLE_PARTITIONS = 4
 
 
@@ -88,32 +87,13 @@ def main() -> None:
     spark.sparkContext.setLogLevel("WARN")
     try:
         spark.streams.addListener(BatchPrinter())
-        counts = (
-            spark.readStream.schema(SCHEMA)
-            .option("maxFilesPerTrigger", 1)
-            .parquet(str(args.input))
-            .withWatermark("t", "2 minutes")
-            .groupBy(F.window("t", "5 minutes"), "k")
-            .agg(F.count("*").alias("n"))
-        )
-        query = (
-            counts.writeStream.format("parquet")
-            .outputMode("append")
-            .option("checkpointLocation", str(args.checkpoint))
-            .trigger(availableNow=True)
-            .start(str(args.sink))
-        )
+        query = windowed_count.start(spark, args.input, args.checkpoint, args.sink)
         print(f"EXECLOSS-STARTED {spark.sparkContext.applicationId}", file=sys.stderr, flush=True)
         query.awaitTermination()
 
-        sink = spark.read.parquet(str(args.sink)).select(F.to_json(F.struct("*")).alias("j"))
-        state = spark.read.format("statestore").load(str(args.checkpoint))
-        state_rows = state.select(F.to_json(F.struct("key", "value", "partition_id")).alias("j"))
         stages = rest(spark, "stages")
         result = {
-            "sink": sorted(r["j"] for r in sink.collect()),
-            "state": sorted(r["j"] for r in state_rows.collect()),
-            "provider": spark.conf.get(heapstate.PROVIDER_CONF),
+            **windowed_count.results(spark, args.checkpoint, args.sink),
             "executors": [
                 {k: e.get(k) for k in ("id", "isActive", "removeReason", "failedTasks")}
                 for e in rest(spark, "allexecutors")

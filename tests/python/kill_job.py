@@ -19,10 +19,8 @@ import sys
 from pathlib import Path
 
 import heapstate
+import windowed_count
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
-
-SCHEMA = "k LONG, t TIMESTAMP"
 
 
 def main() -> None:
@@ -45,34 +43,11 @@ def main() -> None:
     spark = heapstate.configure(builder, compaction_interval=2).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        counts = (
-            spark.readStream.schema(SCHEMA)
-            .option("maxFilesPerTrigger", 1)
-            .parquet(str(args.input))
-            .withWatermark("t", "2 minutes")
-            .groupBy(F.window("t", "5 minutes"), "k")
-            .agg(F.count("*").alias("n"))
-        )
-        query = (
-            counts.writeStream.format("parquet")
-            .outputMode("append")
-            .option("checkpointLocation", str(args.checkpoint))
-            .trigger(availableNow=True)
-            .start(str(args.sink))
-        )
+        query = windowed_count.start(spark, args.input, args.checkpoint, args.sink)
         print("KILLJOB-STARTED", file=sys.stderr, flush=True)
         query.awaitTermination()
         if args.result:
-            sink = spark.read.parquet(str(args.sink)).select(F.to_json(F.struct("*")).alias("j"))
-            state = spark.read.format("statestore").load(str(args.checkpoint))
-            state_rows = state.select(
-                F.to_json(F.struct("key", "value", "partition_id")).alias("j")
-            )
-            result = {
-                "sink": sorted(r["j"] for r in sink.collect()),
-                "state": sorted(r["j"] for r in state_rows.collect()),
-                "provider": spark.conf.get(heapstate.PROVIDER_CONF),
-            }
+            result = windowed_count.results(spark, args.checkpoint, args.sink)
             args.result.write_text(json.dumps(result))
         print("KILLJOB-DONE", file=sys.stderr, flush=True)
     finally:

@@ -36,14 +36,12 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pyspark
 import pytest
 from conftest import HEAPSTATE_PROVIDER, assert_checkpoint_written_by, committed_batches
+from windowed_count import write_inputs
 
 JOB = Path(__file__).with_name("executor_loss_job.py")
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
@@ -60,22 +58,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def write_inputs(directory: Path, files: int, seed: int) -> None:
-    """``files`` parquet files of 40 rows each: 12 keys, event times moving 40 s per file."""
-    directory.mkdir(parents=True)
-    rng = random.Random(seed)
-    base = datetime(2024, 1, 1)
-    schema = pa.schema([("k", pa.int64()), ("t", pa.timestamp("us"))])
-    for i in range(files):
-        ks = [rng.randrange(12) for _ in range(40)]
-        ts = [base + timedelta(seconds=40 * i + rng.uniform(0, 40)) for _ in range(40)]
-        hidden = directory / f".part-{i:04d}.parquet"
-        pq.write_table(pa.table({"k": ks, "t": ts}, schema=schema), hidden)
-        os.replace(hidden, directory / f"part-{i:04d}.parquet")
-        # The file source orders files by modification time: keep it strictly increasing.
-        os.utime(directory / f"part-{i:04d}.parquet", (1_700_000_000 + i, 1_700_000_000 + i))
 
 
 # --------------------------------------------------------------------------------------------

@@ -28,33 +28,15 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime, timedelta
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+from windowed_count import write_inputs
 
 JOB = Path(__file__).with_name("kill_job.py")
 FILES = 100
 POINTS = ("mid-batch", "journal", "published", "snapshot")
 KILLS_PER_POINT = 5
 WAIT_S = 180
-
-
-def write_inputs(directory: Path, files: int, seed: int) -> None:
-    """``files`` parquet files of 40 rows each: 12 keys, event times moving 40 s per file."""
-    directory.mkdir(parents=True)
-    rng = random.Random(seed)
-    base = datetime(2024, 1, 1)
-    schema = pa.schema([("k", pa.int64()), ("t", pa.timestamp("us"))])
-    for i in range(files):
-        ks = [rng.randrange(12) for _ in range(40)]
-        ts = [base + timedelta(seconds=40 * i + rng.uniform(0, 40)) for _ in range(40)]
-        hidden = directory / f".part-{i:04d}.parquet"
-        pq.write_table(pa.table({"k": ks, "t": ts}, schema=schema), hidden)
-        os.replace(hidden, directory / f"part-{i:04d}.parquet")
-        # The file source orders files by modification time: keep it strictly increasing.
-        os.utime(directory / f"part-{i:04d}.parquet", (1_700_000_000 + i, 1_700_000_000 + i))
 
 
 def start(work: Path, name: str, pause: str | None, result: Path | None) -> subprocess.Popen[str]:

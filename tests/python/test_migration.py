@@ -24,17 +24,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pytest
 from conftest import (
-    EPOCH_2024,
     HDFS_PROVIDER,
     HEAPSTATE_PROVIDER,
     PROVIDER_CONF,
@@ -45,8 +42,6 @@ from conftest import (
     Source,
     committed_batches,
     copy_checkpoint,
-    event_time,
-    minutes,
     offset_log_metadata,
     read_stream,
     run_available_now,
@@ -58,31 +53,30 @@ from conftest import (
 )
 from heapstate._migration import BACKUP_DIR, STAGING_DIR, MigrationRefused, migrate
 from heapstate.cli import main
-from pyspark import cloudpickle
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql.streaming.state import GroupState
-
-# The Python workers cannot import this test module: ship its functions by value.
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
+from pyspark.sql import SparkSession
+from test_operators import (
+    AGG_BATCHES,
+    DEDUP_BATCHES,
+    SESSION_BATCHES,
+    TIMEOUT_BATCHES,
+    aggregation_model,
+    build_aggregation,
+    build_count_until_timeout,
+    build_drop_duplicates,
+    build_join,
+    build_session_window,
+    join_sources,
+    rows_of,
+)
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 FIRST_BATCHES = 3
-WATERMARK = "10 minutes"
 JOIN_STORES = (
     "left-keyToNumValues",
     "left-keyWithIndexToValue",
     "right-keyToNumValues",
     "right-keyWithIndexToValue",
 )
-
-
-def with_event_time(df: DataFrame, column: str = "t", name: str = "ts") -> DataFrame:
-    return df.withColumn(name, F.expr(event_time(column))).withWatermark(name, WATERMARK)
-
-
-def rows_of(batches: Sequence[Sequence[tuple[Any, ...]]]) -> list[list[dict[str, Any]]]:
-    return [[dict(zip(("k", "v", "t"), r, strict=False)) for r in b] for b in batches]
 
 
 # --------------------------------------------------------------------------------------------
@@ -99,169 +93,24 @@ class Family:
     stores: tuple[str, ...] = ("default",)
 
 
-AGG_BATCHES = [
-    [("a", 1), ("b", 2), ("a", 3)],
-    [("a", 4), ("c", 5)],
-    [("b", 6)],
-    [("a", 7), ("c", 8)],  # first batch after the migration
-    [("d", 9)],
-    [("a", 10), ("b", 11)],
-]
-
-
-def aggregation_model() -> list[tuple[int, Rows]]:
-    """Update mode over ``AGG_BATCHES`` in one uninterrupted run: running count and sum."""
-    count: dict[str, int] = {}
-    total: dict[str, int] = {}
-    out = []
-    for batch_id, batch in enumerate(AGG_BATCHES):
-        for k, v in batch:
-            count[k] = count.get(k, 0) + 1
-            total[k] = total.get(k, 0) + v
-        out.append((batch_id, sorted((k, count[k], total[k]) for k in {k for k, _ in batch})))
-    return out
-
-
-def build_aggregation(s: Mapping[str, DataFrame]) -> DataFrame:
-    return s["in"].groupBy("k").agg(F.count("*").alias("n"), F.sum("v").alias("total"))
-
-
-def build_drop_duplicates(s: Mapping[str, DataFrame]) -> DataFrame:
-    return s["in"].dropDuplicates(["k"]).select("k", "v")
-
-
-def build_session_window(s: Mapping[str, DataFrame]) -> DataFrame:
-    return (
-        with_event_time(s["in"])
-        .groupBy(F.session_window("ts", "5 minutes").alias("w"), "k")
-        .agg(F.count("*").alias("n"))
-        .select(
-            "k",
-            F.expr(minutes("w.start")).alias("start"),
-            F.expr(minutes("w.end")).alias("end"),
-            "n",
-        )
-    )
-
-
-def build_left_outer_join(s: Mapping[str, DataFrame]) -> DataFrame:
-    left = with_event_time(s["left"], "lt", "lts").alias("l")
-    right = with_event_time(s["right"], "rt", "rts").alias("r")
-    cond = F.expr("l.k = r.k AND r.rts BETWEEN l.lts AND l.lts + INTERVAL 5 MINUTES")
-    return left.join(right, cond, "left_outer").select(F.col("l.k").alias("k"), "l.lt", "r.rt")
-
-
-TIMEOUT_AFTER_MIN = 15
-
-
-def count_until_timeout(
-    key: tuple[str], pdfs: Iterator[pd.DataFrame], state: GroupState
-) -> Iterator[pd.DataFrame]:
-    """Running count per key; emits it with status 'timeout' once the key has been quiet for 15
-    minutes of event time, and forgets the key."""
-    if state.hasTimedOut:
-        n, _ = state.get
-        state.remove()
-        yield pd.DataFrame({"k": [key[0]], "n": [n], "status": ["timeout"]})
-        return
-    n, latest = state.get if state.exists else (0, -(10**9))
-    for pdf in pdfs:
-        n += len(pdf)
-        latest = max(latest, int(pdf["t"].max()))
-    state.update((n, latest))
-    state.setTimeoutTimestamp((EPOCH_2024 + (latest + TIMEOUT_AFTER_MIN) * 60) * 1000)
-    yield pd.DataFrame({"k": [key[0]], "n": [n], "status": ["update"]})
-
-
-def build_flat_map_groups_with_state(s: Mapping[str, DataFrame]) -> DataFrame:
-    return (
-        with_event_time(s["in"])
-        .groupBy("k")
-        .applyInPandasWithState(
-            count_until_timeout,
-            "k STRING, n LONG, status STRING",
-            "n LONG, latest LONG",
-            "Update",
-            "EventTimeTimeout",
-        )
-    )
-
-
-JOIN_LEFT = [[("a", 0), ("b", 1)], [("c", 2)], [("d", 4)], [("e", 20)], [("f", 30)], [("g", 50)]]
-JOIN_RIGHT = [[("a", 2)], [("x", 3)], [("y", 6)], [("c", 5), ("e", 22)], [("f", 33)], [("z", 55)]]
-
+# The pipelines and inputs of test_operators.py, so that a migrated run is held to the same
+# operators as an unmigrated one.
 FAMILIES: dict[str, Family] = {
     "aggregation": Family(
         {"in": Source("k STRING, v INT", rows_of(AGG_BATCHES))}, build_aggregation, "update"
     ),
     "drop_duplicates": Family(
-        {
-            "in": Source(
-                "k STRING, v INT",
-                rows_of(
-                    [
-                        [("a", 1), ("b", 2)],
-                        [("a", 3), ("c", 4)],
-                        [("d", 5)],
-                        [("a", 6), ("e", 7), ("b", 8)],  # a and b were seen before the migration
-                        [("f", 9), ("c", 10)],
-                        [("g", 11), ("e", 12)],
-                    ]
-                ),
-            )
-        },
-        build_drop_duplicates,
-        "append",
+        {"in": Source("k STRING, v INT", rows_of(DEDUP_BATCHES))}, build_drop_duplicates, "append"
     ),
     "session_window": Family(
-        {
-            "in": Source(
-                "k STRING, v INT, t INT",
-                rows_of(
-                    [
-                        [("a", 1, 0), ("b", 1, 1)],
-                        [("a", 1, 3)],
-                        [("a", 1, 6), ("b", 1, 17)],
-                        [("a", 1, 9)],  # extends a's open session [0, 11) from before
-                        [("a", 1, 40), ("b", 1, 41)],
-                        [("a", 1, 60)],
-                    ]
-                ),
-            )
-        },
+        {"in": Source("k STRING, v INT, t INT", rows_of(SESSION_BATCHES))},
         build_session_window,
         "append",
     ),
-    "stream_stream_join": Family(
-        {
-            "left": Source(
-                "k STRING, lt INT", [[{"k": k, "lt": t} for k, t in b] for b in JOIN_LEFT]
-            ),
-            "right": Source(
-                "k STRING, rt INT", [[{"k": k, "rt": t} for k, t in b] for b in JOIN_RIGHT]
-            ),
-        },
-        build_left_outer_join,
-        "append",
-        JOIN_STORES,
-    ),
+    "stream_stream_join": Family(join_sources(), build_join("left_outer"), "append", JOIN_STORES),
     "flat_map_groups_with_state": Family(
-        {
-            "in": Source(
-                "k STRING, v INT, t INT",
-                rows_of(
-                    [
-                        [("a", 1, 0), ("a", 1, 1), ("b", 1, 2)],
-                        [("a", 1, 3)],
-                        [("c", 1, 4)],
-                        [("a", 1, 20)],  # a's count goes on from 3
-                        [("c", 1, 40)],
-                        [("d", 1, 50)],
-                    ]
-                ),
-            )
-        },
-        build_flat_map_groups_with_state,
+        {"in": Source("k STRING, v INT, t INT", rows_of(TIMEOUT_BATCHES))},
+        build_count_until_timeout,
         "update",
     ),
 }
@@ -452,7 +301,7 @@ def test_migrate_to_heapstate_continues_where_it_stopped(
     for row in EXPECTED_AFTER_RESTART[name]:
         assert row in after, f"{row} (from restored state) missing after the restart: {after}"
     if name == "aggregation":
-        assert migrated.run.batches == aggregation_model()
+        assert migrated.run.batches == aggregation_model(AGG_BATCHES)
     if name == "drop_duplicates":
         assert not {k for k, _ in after} & {"a", "b"}, after
     assert sum(s["rows"] for s in migrated.report["stores"]) > 0
@@ -499,7 +348,7 @@ def test_round_trip_hdfs_heapstate_hdfs(
         if to is not None:
             migrate(checkpoint, to, idle_seconds=0)
 
-    assert out == aggregation_model()
+    assert out == aggregation_model(AGG_BATCHES)
     pins = [offset_log_metadata(checkpoint, b)["conf"][PROVIDER_CONF] for b in range(6)]
     assert pins == [
         HDFS_PROVIDER,

@@ -74,13 +74,13 @@ def aggregation_model(batches: Sequence[Sequence[tuple[str, int]]]) -> list[tupl
     return out
 
 
+def build_aggregation(s: Mapping[str, DataFrame]) -> DataFrame:
+    return s["in"].groupBy("k").agg(F.count("*").alias("n"), F.sum("v").alias("total"))
+
+
 def test_streaming_aggregation_update_mode(spark: SparkSession, tmp_path: Path) -> None:
     source = Source("k STRING, v INT", rows_of(AGG_BATCHES))
-
-    def build(s: Mapping[str, DataFrame]) -> DataFrame:
-        return s["in"].groupBy("k").agg(F.count("*").alias("n"), F.sum("v").alias("total"))
-
-    run = run_on_both_providers(spark, tmp_path, {"in": source}, build, "update")
+    run = run_on_both_providers(spark, tmp_path, {"in": source}, build_aggregation, "update")
 
     assert run.batches == aggregation_model(AGG_BATCHES)
     # Restored state: 'a' counts its three rows from before the restart.
@@ -91,21 +91,23 @@ def test_streaming_aggregation_update_mode(spark: SparkSession, tmp_path: Path) 
 # dropDuplicates
 
 
+DEDUP_BATCHES = [
+    [("a", 1), ("b", 2)],
+    [("a", 3), ("c", 4)],
+    [("d", 5)],
+    [("a", 6), ("e", 7), ("b", 8)],  # after the restart: a and b were seen before it
+    [("f", 9), ("c", 10)],
+    [("g", 11), ("e", 12)],
+]
+
+
+def build_drop_duplicates(s: Mapping[str, DataFrame]) -> DataFrame:
+    return s["in"].dropDuplicates(["k"]).select("k", "v")
+
+
 def test_drop_duplicates(spark: SparkSession, tmp_path: Path) -> None:
-    batches = [
-        [("a", 1), ("b", 2)],
-        [("a", 3), ("c", 4)],
-        [("d", 5)],
-        [("a", 6), ("e", 7), ("b", 8)],  # after the restart: a and b were seen before it
-        [("f", 9), ("c", 10)],
-        [("g", 11), ("e", 12)],
-    ]
-    source = Source("k STRING, v INT", rows_of(batches))
-
-    def build(s: Mapping[str, DataFrame]) -> DataFrame:
-        return s["in"].dropDuplicates(["k"]).select("k", "v")
-
-    run = run_on_both_providers(spark, tmp_path, {"in": source}, build, "append")
+    source = Source("k STRING, v INT", rows_of(DEDUP_BATCHES))
+    run = run_on_both_providers(spark, tmp_path, {"in": source}, build_drop_duplicates, "append")
 
     assert run.batches == [
         (0, [("a", 1), ("b", 2)]),
@@ -157,31 +159,33 @@ def test_drop_duplicates_within_watermark(spark: SparkSession, tmp_path: Path) -
 # Session window
 
 
-def test_session_window_append_mode(spark: SparkSession, tmp_path: Path) -> None:
-    batches = [
-        [("a", 1, 0), ("b", 1, 1)],
-        [("a", 1, 3)],
-        [("a", 1, 6), ("b", 1, 17)],  # the watermark moves to 7: b's session [1, 6) closes
-        [("a", 1, 9)],  # after the restart: extends a's open session [0, 11) to [0, 14)
-        [("a", 1, 40), ("b", 1, 41)],
-        [("a", 1, 60)],
-    ]
-    source = Source("k STRING, v INT, t INT", rows_of(batches))
+SESSION_BATCHES = [
+    [("a", 1, 0), ("b", 1, 1)],
+    [("a", 1, 3)],
+    [("a", 1, 6), ("b", 1, 17)],  # the watermark moves to 7: b's session [1, 6) closes
+    [("a", 1, 9)],  # after the restart: extends a's open session [0, 11) to [0, 14)
+    [("a", 1, 40), ("b", 1, 41)],
+    [("a", 1, 60)],
+]
 
-    def build(s: Mapping[str, DataFrame]) -> DataFrame:
-        return (
-            with_event_time(s["in"])
-            .groupBy(F.session_window("ts", "5 minutes").alias("w"), "k")
-            .agg(F.count("*").alias("n"))
-            .select(
-                "k",
-                F.expr(minutes("w.start")).alias("start"),
-                F.expr(minutes("w.end")).alias("end"),
-                "n",
-            )
+
+def build_session_window(s: Mapping[str, DataFrame]) -> DataFrame:
+    return (
+        with_event_time(s["in"])
+        .groupBy(F.session_window("ts", "5 minutes").alias("w"), "k")
+        .agg(F.count("*").alias("n"))
+        .select(
+            "k",
+            F.expr(minutes("w.start")).alias("start"),
+            F.expr(minutes("w.end")).alias("end"),
+            "n",
         )
+    )
 
-    run = run_on_both_providers(spark, tmp_path, {"in": source}, build, "append")
+
+def test_session_window_append_mode(spark: SparkSession, tmp_path: Path) -> None:
+    source = Source("k STRING, v INT, t INT", rows_of(SESSION_BATCHES))
+    run = run_on_both_providers(spark, tmp_path, {"in": source}, build_session_window, "append")
 
     # Sessions close once the watermark (max event time - 10) passes their end: b's first one
     # in the no-data batch 3 that ends the first run (watermark 7), a's [0, 14) after the
@@ -293,34 +297,38 @@ def count_until_timeout(
     yield pd.DataFrame({"k": [key[0]], "n": [n], "status": ["update"]})
 
 
+TIMEOUT_BATCHES = [
+    [("a", 1, 0), ("a", 1, 1), ("b", 1, 2)],
+    [("a", 1, 3)],
+    [("c", 1, 4)],
+    [("a", 1, 20)],  # after the restart
+    [("c", 1, 40)],
+    [("d", 1, 50)],
+]
+
+
+def build_count_until_timeout(s: Mapping[str, DataFrame]) -> DataFrame:
+    return (
+        with_event_time(s["in"])
+        .groupBy("k")
+        .applyInPandasWithState(
+            count_until_timeout,
+            "k STRING, n LONG, status STRING",
+            "n LONG, latest LONG",
+            "Update",
+            "EventTimeTimeout",
+        )
+    )
+
+
 def test_apply_in_pandas_with_state_update_mode_event_time_timeout(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     """The flatMapGroupsWithState-style test: update mode with an event-time state timeout."""
-    batches = [
-        [("a", 1, 0), ("a", 1, 1), ("b", 1, 2)],
-        [("a", 1, 3)],
-        [("c", 1, 4)],
-        [("a", 1, 20)],  # after the restart
-        [("c", 1, 40)],
-        [("d", 1, 50)],
-    ]
-    source = Source("k STRING, v INT, t INT", rows_of(batches))
-
-    def build(s: Mapping[str, DataFrame]) -> DataFrame:
-        return (
-            with_event_time(s["in"])
-            .groupBy("k")
-            .applyInPandasWithState(
-                count_until_timeout,
-                "k STRING, n LONG, status STRING",
-                "n LONG, latest LONG",
-                "Update",
-                "EventTimeTimeout",
-            )
-        )
-
-    run = run_on_both_providers(spark, tmp_path, {"in": source}, build, "update")
+    source = Source("k STRING, v INT, t INT", rows_of(TIMEOUT_BATCHES))
+    run = run_on_both_providers(
+        spark, tmp_path, {"in": source}, build_count_until_timeout, "update"
+    )
 
     # Timeouts fire once the watermark (max event time - 10) passes latest + 15: batch 6 runs
     # at watermark 30 (b: 2 + 15 = 17), batch 7 at 40 (a: 20 + 15 = 35).

@@ -20,7 +20,7 @@ from heapstate._checkpoint import (
     require_checkpoint,
     store_dirs,
 )
-from heapstate._config import PROVIDER_CLASS, configure
+from heapstate._config import PROVIDER_CLASS
 
 Report = dict[str, Any]
 JvmDescribe = Callable[[Path], Report]
@@ -32,26 +32,13 @@ def describe_with_jvm(checkpoint: Path) -> Report:
     Uses the active SparkSession if there is one that can load heapstate; otherwise starts a
     local one (one core, no UI) with the bundled jar, and stops it afterwards.
     """
-    try:
-        from pyspark.sql import SparkSession
-    except ImportError as e:
-        raise RuntimeError(
-            "verifying heapstate files needs pyspark (pip install pyspark), or pass --no-verify "
-            "to list files without verifying them"
-        ) from e
-    from heapstate._session import require_provider_class
+    from heapstate._session import tool_session
 
-    active = SparkSession.getActiveSession()
-    builder = (
-        SparkSession.builder.master("local[1]")
-        .appName("heapstate-inspect")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.log.level", "ERROR")
+    needs_pyspark = (
+        "verifying heapstate files needs pyspark (pip install pyspark), or pass --no-verify "
+        "to list files without verifying them"
     )
-    spark = active or configure(builder).getOrCreate()
-    try:
-        require_provider_class(spark, "heapstate.CheckpointInspector")
+    with tool_session("heapstate-inspect", "heapstate.CheckpointInspector", needs_pyspark) as spark:
         inspector = spark._jvm.heapstate.CheckpointInspector  # type: ignore[attr-defined]
         try:
             text = inspector.describeJson(str(checkpoint), True)
@@ -61,9 +48,6 @@ def describe_with_jvm(checkpoint: Path) -> Report:
                 f"the JVM inspector failed on {checkpoint}: {java.toString() if java else e}"
             ) from e
         return json.loads(text)
-    finally:
-        if active is None:
-            spark.stop()
 
 
 def _store_key(operator: Any, partition: Any, store: Any) -> tuple[str, str, str]:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from heapstate._checkpoint import HDFS_PROVIDER, PathLike, require_checkpoint
-from heapstate._config import CONF_PREFIX, PROVIDER_CLASS, PROVIDER_CONF, configure
+from heapstate._config import CONF_PREFIX, PROVIDER_CLASS, PROVIDER_CONF
 
 TARGETS: dict[str, str] = {"heapstate": PROVIDER_CLASS, "hdfs": HDFS_PROVIDER}
 """``--to`` choices and the provider class each stands for."""
@@ -254,23 +254,11 @@ def convert_with_jvm(
     Uses the active SparkSession if there is one; otherwise starts a local one (one core, no UI)
     with the bundled jar, and stops it afterwards.
     """
-    try:
-        from pyspark.sql import SparkSession
-    except ImportError as e:
-        raise RuntimeError("heapstate migrate needs pyspark (pip install pyspark)") from e
-    from heapstate._session import require_provider_class
+    from heapstate._session import tool_session
 
-    active = SparkSession.getActiveSession()
-    builder = (
-        SparkSession.builder.master("local[1]")
-        .appName("heapstate-migrate")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.log.level", "ERROR")
-    )
-    spark = active or configure(builder).getOrCreate()
-    try:
-        require_provider_class(spark, "heapstate.tools.CheckpointMigration")
+    needs_pyspark = "heapstate migrate needs pyspark (pip install pyspark)"
+    tool_class = "heapstate.tools.CheckpointMigration"
+    with tool_session("heapstate-migrate", tool_class, needs_pyspark) as spark:
         session_confs = {k: v for k, v in spark.conf.getAll.items() if k.startswith(CONF_PREFIX)}
         tool = spark._jvm.heapstate.tools.CheckpointMigration  # type: ignore[attr-defined]
         try:
@@ -285,9 +273,6 @@ def convert_with_jvm(
         except Exception as e:  # a Py4JJavaError
             raise RuntimeError(f"nothing was changed: {_java_message(e)}") from e
         return json.loads(text)
-    finally:
-        if active is None:
-            spark.stop()
 
 
 # --------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from heapstate._config import (
     PROVIDER_CONF,
     SPARK_DEFAULT_PROVIDER,
     conf_entries,
+    configure,
     jar_path,
 )
 
@@ -216,3 +217,30 @@ def disabled(
         _restore(spark, PROVIDER_CONF, saved)
         if had_memory:
             _before_enable[spark] = remembered
+
+
+@contextmanager
+def tool_session(app_name: str, tool_class: str, needs_pyspark: str) -> Iterator[SparkSession]:
+    """The session a command-line tool runs its JVM half in (``tool_class``, called through
+    py4j): the active SparkSession if there is one, else a local one (one core, no UI) with the
+    bundled jar, which is stopped afterwards. ``needs_pyspark`` is the error message when pyspark
+    is not installed."""
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError as e:
+        raise RuntimeError(needs_pyspark) from e
+    active = SparkSession.getActiveSession()
+    builder = (
+        SparkSession.builder.master("local[1]")
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.log.level", "ERROR")
+    )
+    spark = active or configure(builder).getOrCreate()
+    try:
+        require_provider_class(spark, tool_class)
+        yield spark
+    finally:
+        if active is None:
+            spark.stop()

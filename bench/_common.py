@@ -245,13 +245,44 @@ def file_kind(relpath: str) -> str:
     return "other"
 
 
+def recovery_chains(state_dir: Path) -> list[dict[str, Any]]:
+    """For each store folder under ``state_dir`` (``<operator>/<partition>``), what a restart at
+    the newest version reads: the newest snapshot (heapstate's or the HDFS provider's; 0 if none)
+    and how many journals (deltas) above it. RocksDB folders report their journals as changelogs
+    and their snapshots as zips."""
+    chains = []
+    if not state_dir.exists():
+        return chains
+    for store in sorted(p for p in state_dir.glob("*/*") if p.is_dir() and p.name.isdigit()):
+        versions: dict[str, set[int]] = {"journal": set(), "snapshot": set()}
+        for f in store.iterdir():
+            kind = file_kind(f.name)
+            if kind == "rocksdb-zip":
+                kind = "snapshot"
+            head = f.name.split(".")[0].split("_")[0]
+            if kind in versions and head.isdigit():
+                versions[kind].add(int(head))
+        newest = max(versions["journal"] | versions["snapshot"], default=0)
+        snapshot = max((v for v in versions["snapshot"] if v <= newest), default=0)
+        chains.append(
+            {
+                "store": str(store.relative_to(state_dir)),
+                "version": newest,
+                "snapshot": snapshot,
+                "journals_above": sum(1 for v in versions["journal"] if v > snapshot),
+            }
+        )
+    return chains
+
+
 class StateFiles:
     """Byte accounting of a checkpoint's ``state`` folder, one inventory per batch.
 
     Cleanup (maintenance) can delete files between two looks, so two figures are kept:
     ``delta`` is the change of the folder's total, which can be negative, and ``new`` is the
     bytes of files that appeared (or grew) since the last look, i.e. what was written. Both the
-    folder's total and the new bytes are also split by ``file_kind``.
+    folder's total and the new bytes are also split by ``file_kind``; ``new_snapshot_versions``
+    are the versions of the snapshots that appeared.
     """
 
     def __init__(self, state_dir: Path) -> None:
@@ -277,12 +308,16 @@ class StateFiles:
         now = self.inventory()
         total_by_kind = dict.fromkeys(FILE_KINDS, 0)
         new_by_kind = dict.fromkeys(FILE_KINDS, 0)
+        new_snapshots: set[int] = set()
         for path, size in now.items():
             kind = file_kind(path)
             total_by_kind[kind] += size
             grown = size - self.sizes.get(path, 0)
             if grown > 0:
                 new_by_kind[kind] += grown
+                head = os.path.basename(path).split(".")[0].split("_")[0]
+                if kind in ("snapshot", "rocksdb-zip") and head.isdigit():
+                    new_snapshots.add(int(head))
         total = sum(now.values())
         delta = total - sum(self.sizes.values())
         self.sizes = now
@@ -293,6 +328,7 @@ class StateFiles:
             "files": len(now),
             "total_by_kind": total_by_kind,
             "new_by_kind": new_by_kind,
+            "new_snapshot_versions": sorted(new_snapshots),
         }
 
 

@@ -78,7 +78,9 @@ def assert_lineage_recorded(checkpoint: Path, stores_per_partition: int) -> None
                 if m and int(m.group(1)) == version:
                     journals[m.group(2)] = m.group(3)
             kept = [i for i in stores if i in journals]
-            assert len(kept) == 1, f"{d}: version {version} journals {journals}, commit ids {stores}"
+            assert len(kept) == 1, (
+                f"{d}: version {version} journals {journals}, commit ids {stores}"
+            )
             assert journals[kept[0]] == previous[d], (
                 f"{d}: version {version} ({kept[0]}) sits on {journals[kept[0]]}, "
                 f"but the commit log kept {previous[d]} for version {version - 1}"

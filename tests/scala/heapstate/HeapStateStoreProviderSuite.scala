@@ -105,6 +105,33 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     assert(e.getMessage.contains("11.hs-journal") || e.getMessage.contains("version 1"), e.getMessage)
   }
 
+  test("a commit that makes a snapshot due starts it in the background, without maintenance") {
+    val root = tempDir()
+    val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "3"))
+    val model = scala.collection.mutable.Map.empty[Long, Long]
+    def batch(v: Int): Unit = {
+      val s = p.getStore(v, None, false, false)
+      for (k <- 0 until 200) { put(s, (k * 7 + v) % 300, v * 1000 + k); model((k * 7 + v) % 300) = v * 1000 + k }
+      remove(s, v); model.remove(v.toLong)
+      s.commit()
+    }
+    (0 until 2).foreach(batch)
+    Thread.sleep(300)
+    assert(!files(root).exists(_.endsWith(".hs-snapshot")), files(root))
+    batch(2) // version 3: due
+    val deadline = System.nanoTime() + 30L * 1000 * 1000 * 1000
+    while (!files(root).contains("3.hs-snapshot") && System.nanoTime() < deadline) Thread.sleep(20)
+    assert(files(root).filter(_.endsWith(".hs-snapshot")) == Seq("3.hs-snapshot"))
+    // Commits go on while it is written; the snapshot holds version 3 exactly.
+    val atThree = model.toMap
+    (3 until 5).foreach(batch)
+    p.close()
+    (1 to 3).foreach(v => new File(storeDir(root), s"$v.hs-journal").delete())
+    val fresh = provider(root)
+    assert(contents(fresh.getReadStore(3, None)) == atThree)
+    assert(contents(fresh.getReadStore(5, None)) == model.toMap)
+  }
+
   test("prefix scan sees live keys and this batch's changes") {
     val p = provider(tempDir(), prefixScan = true)
     def put2(s: StateStore, g: String, t: Long, v: Long) = s.put(prefixKey(g, t), row(v), CF)

@@ -33,6 +33,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
   /** Checkpoint format v2: every commit gets a unique checkpoint id. */
   private var checkpointIds = false
   @volatile private var engine: StateEngine = _
+  /** The snapshot a commit handed to the background thread, until it has run. */
+  @volatile private var pendingSnapshot: BackgroundSnapshot = null
 
   override def init(
       stateStoreId: StateStoreId,
@@ -79,7 +81,10 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
 
   override def stateStoreId: StateStoreId = storeId
 
-  override def close(): Unit = if (engine != null) engine.close()
+  override def close(): Unit = if (engine != null) {
+    cancelPendingSnapshot() // one already running finishes first: close waits for it
+    engine.close()
+  }
 
   override def getStore(
       version: Long,
@@ -97,8 +102,55 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
 
   override def doMaintenance(): Unit = { doSnapshotMaintenance(); doCleanupMaintenance() }
 
-  /** Spark 4.3's maintenance thread calls the two halves separately. */
-  override def doSnapshotMaintenance(): Unit = if (engine != null) engine.snapshotIfDue().foreach(reportSnapshot)
+  /**
+   * Spark 4.3's maintenance thread calls the two halves separately. A snapshot a commit already
+   * started is waited for, one still queued is taken over, so that a due snapshot is on disk when
+   * maintenance returns.
+   */
+  override def doSnapshotMaintenance(): Unit = if (engine != null) {
+    cancelPendingSnapshot()
+    engine.snapshotIfDue().foreach(reportSnapshot)
+  }
+
+  /**
+   * Hands a due snapshot to the background thread as soon as a commit makes it due, so that
+   * `compactionInterval` holds whatever Spark's maintenance interval (60 s by default) is. One
+   * thread serves every store in the JVM: snapshots of several partitions run one after another
+   * and take at most one core from the tasks.
+   */
+  private def snapshotSoon(): Unit = {
+    val pending = pendingSnapshot
+    if (engine.snapshotDue && (pending == null || pending.isDone)) {
+      val task = new BackgroundSnapshot
+      pendingSnapshot = task
+      SnapshotThread.execute(task)
+    }
+  }
+
+  /** Keeps a queued background snapshot from starting, or waits for one that has started. */
+  private def cancelPendingSnapshot(): Unit = { val pending = pendingSnapshot; if (pending != null) pending.cancelOrAwait() }
+
+  /**
+   * One background snapshot of this store. Whoever claims it first decides: the snapshot thread
+   * runs it, or a canceller keeps it from ever starting (and, losing the claim, waits for the end).
+   */
+  private final class BackgroundSnapshot extends Runnable {
+    private val claimed = new java.util.concurrent.atomic.AtomicBoolean(false)
+    private val finished = new java.util.concurrent.CountDownLatch(1)
+
+    def isDone: Boolean = finished.getCount == 0
+
+    override def run(): Unit = if (claimed.compareAndSet(false, true)) {
+      try engine.snapshotIfDue().foreach(reportSnapshot)
+      catch {
+        case NonFatal(e) =>
+          log.warn(s"heapstate: background snapshot of $storeId failed; its journals still hold " +
+            s"every version, and the next commit or maintenance run tries again", e)
+      } finally finished.countDown()
+    }
+
+    def cancelOrAwait(): Unit = if (claimed.compareAndSet(false, true)) finished.countDown() else finished.await()
+  }
 
   /**
    * Tells Spark's coordinator about a snapshot; without these reports Spark 4.2 and later count
@@ -268,7 +320,7 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       if (storeConf.commitValidationEnabled) {
         StateStore.reportCommitToCoordinator(committed.version, storeId, hadoopConf)
       }
-      if (forceSnapshot) engine.snapshotIfDue(force = true).foreach(reportSnapshot)
+      if (forceSnapshot) engine.snapshotIfDue(force = true).foreach(reportSnapshot) else snapshotSoon()
       committed.version
     }
 
@@ -288,7 +340,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
           JournalBytes -> (if (committed == null) 0L else committed.journalBytes),
           KeysWritten -> (if (committed == null) 0L else committed.keysWritten),
           UpdatesSquashed -> (if (committed == null) 0L else committed.squashed),
-          SnapshotLag -> engine.snapshotLag))
+          SnapshotLag -> engine.snapshotLag,
+          LoadTime -> engine.loadMsOf(version)))
     }
 
     /** In format v2, the committed version's checkpoint id and the id of the version below it. */
@@ -337,6 +390,14 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
 
 object HeapStateStoreProvider {
   private val log = LoggerFactory.getLogger(classOf[HeapStateStoreProvider])
+
+  /** The one daemon thread that writes snapshots commits have made due, for every store in the JVM. */
+  private lazy val SnapshotThread: java.util.concurrent.Executor =
+    java.util.concurrent.Executors.newSingleThreadExecutor { (r: Runnable) =>
+      val t = new Thread(r, "heapstate-snapshot")
+      t.setDaemon(true)
+      t
+    }
   private sealed trait Phase
   private case object Updating extends Phase
   private case object Committed extends Phase
@@ -351,7 +412,10 @@ object HeapStateStoreProvider {
   val SnapshotLag: StateStoreCustomMetric =
     StateStoreCustomSumMetric("heapstateSnapshotLagVersions", "heapstate: versions since the last snapshot, summed over partitions")
 
-  val CustomMetrics: Seq[StateStoreCustomMetric] = Seq(JournalBytes, KeysWritten, UpdatesSquashed, SnapshotLag)
+  val LoadTime: StateStoreCustomMetric =
+    StateStoreCustomTimingMetric("heapstateLoadMs", "heapstate: ms spent rebuilding this batch's starting version from files (after a restart or a move), summed over partitions")
+
+  val CustomMetrics: Seq[StateStoreCustomMetric] = Seq(JournalBytes, KeysWritten, UpdatesSquashed, SnapshotLag, LoadTime)
 
   /** Extracts the prefix key's bytes from a key's bytes (a projection per thread: they keep buffers). */
   private def prefixExtractor(keySchema: StructType, numColsPrefixKey: Int): Array[Byte] => Key = {

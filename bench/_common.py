@@ -295,6 +295,8 @@ class StateFiles:
             return sizes
         for root, _dirs, files in os.walk(self.state_dir):
             for name in files:
+                if name.endswith((".tmp", ".tmp.crc")):  # a file still being written
+                    continue
                 path = os.path.join(root, name)
                 try:
                     sizes[os.path.relpath(path, self.state_dir)] = os.path.getsize(path)

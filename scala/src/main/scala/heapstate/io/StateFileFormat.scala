@@ -1,6 +1,6 @@
 package heapstate.io
 
-import java.io.{BufferedInputStream, BufferedOutputStream, DataInputStream, DataOutputStream, EOFException, FilterOutputStream, InputStream, OutputStream}
+import java.io.{BufferedOutputStream, DataInputStream, DataOutputStream, EOFException, FilterOutputStream, InputStream, OutputStream}
 import java.nio.ByteBuffer
 import java.util.zip.CRC32C
 
@@ -115,6 +115,53 @@ private final class ChecksummedInput(in: InputStream, limit: Long) extends Input
 }
 
 /**
+ * The decompressed body, read through one buffer without `DataInputStream`'s per-byte calls
+ * into a synchronized `BufferedInputStream`: recovery reads millions of small fields. Integers are
+ * big-endian, as `DataOutputStream` writes them. Running out of bytes is an `EOFException`.
+ */
+private final class RecordInput(in: InputStream) {
+  private val buf = new Array[Byte](StateFileFormat.BufferBytes)
+  private var pos = 0
+  private var lim = 0
+
+  /** Makes at least `n` (at most the buffer's size) unread bytes available. */
+  private def ensure(n: Int): Unit = if (lim - pos < n) {
+    System.arraycopy(buf, pos, buf, 0, lim - pos)
+    lim -= pos; pos = 0
+    while (lim < n) {
+      val read = in.read(buf, lim, buf.length - lim)
+      if (read < 0) throw new EOFException(s"the body ended $lim bytes into a field of $n bytes")
+      lim += read
+    }
+  }
+
+  def readByte(): Byte = { ensure(1); val b = buf(pos); pos += 1; b }
+
+  def readInt(): Int = {
+    ensure(4)
+    val v = ((buf(pos) & 0xff) << 24) | ((buf(pos + 1) & 0xff) << 16) | ((buf(pos + 2) & 0xff) << 8) | (buf(pos + 3) & 0xff)
+    pos += 4
+    v
+  }
+
+  def readLong(): Long = (readInt().toLong << 32) | (readInt() & 0xffffffffL)
+
+  def readFully(dst: Array[Byte], off: Int, len: Int): Unit =
+    if (len <= buf.length) { ensure(len); System.arraycopy(buf, pos, dst, off, len); pos += len }
+    else { // a field larger than the buffer: what is buffered, then the rest straight from the stream
+      val buffered = lim - pos
+      System.arraycopy(buf, pos, dst, off, buffered)
+      pos = lim
+      var done = buffered
+      while (done < len) {
+        val read = in.read(dst, off + done, len - done)
+        if (read < 0) throw new EOFException(s"the body ended $done bytes into a field of $len bytes")
+        done += read
+      }
+    }
+}
+
+/**
  * Writes one state file to `raw`. Call `put`/`delete` for each record, then `finish()`; the
  * caller owns `raw` (an atomic checkpoint stream) and commits or cancels it.
  */
@@ -219,7 +266,7 @@ object StateFileReader {
         throw bad(s"it is a ${kindName(header.kind)}, expected a ${kindName(expectedKind)}")
       }
       val body = new ChecksummedInput(in, bodyLength)
-      val records = new DataInputStream(new BufferedInputStream(header.codec.decompress(body), BufferBytes))
+      val records = new RecordInput(header.codec.decompress(body))
       def readLength(what: String): Int = {
         val len = records.readInt()
         if (len < 0 || len > MaxRowBytes) throw bad(s"a $what length of $len bytes is impossible")
@@ -227,17 +274,18 @@ object StateFileReader {
       }
       def readRow(what: String): Array[Byte] = {
         val row = new Array[Byte](readLength(what))
-        records.readFully(row)
+        records.readFully(row, 0, row.length)
         row
       }
+      var keyScratch = new Array[Byte](64)
       def readEntry(): Array[Byte] = {
         val keyLength = readLength("key")
-        val keyBytes = new Array[Byte](keyLength)
-        records.readFully(keyBytes)
+        if (keyScratch.length < keyLength) keyScratch = new Array[Byte](keyLength)
+        records.readFully(keyScratch, 0, keyLength)
         val valueLength = readLength("value")
         val entry = new Array[Byte](4 + keyLength + valueLength)
         org.apache.spark.unsafe.Platform.putInt(entry, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, keyLength)
-        System.arraycopy(keyBytes, 0, entry, 4, keyLength)
+        System.arraycopy(keyScratch, 0, entry, 4, keyLength)
         records.readFully(entry, 4 + keyLength, valueLength)
         entry
       }

@@ -132,6 +132,28 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     assert(contents(fresh.getReadStore(5, None)) == model.toMap)
   }
 
+  test("a roll-back while a paced snapshot runs abandons it: no file, no temporary file, state intact") {
+    val root = tempDir()
+    val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "2"))
+    val model = scala.collection.mutable.Map.empty[Long, Long]
+    val s0 = p.getStore(0, None, false, false)
+    for (k <- 0L until 400000L) { put(s0, k, k); model(k) = k } // ~25 MB of entries: a paced snapshot takes a while
+    s0.commit()
+    val s1 = p.getStore(1, None, false, false); put(s1, 1, -1); s1.commit() // version 2: snapshot due, in the background
+    val deadline = System.nanoTime() + 30L * 1000 * 1000 * 1000
+    def tmpFiles = Option(storeDir(root).listFiles).toSeq.flatten.map(_.getName).filter(_.endsWith(".tmp"))
+    while (tmpFiles.isEmpty && !files(root).contains("2.hs-snapshot") && System.nanoTime() < deadline) Thread.sleep(1)
+    assert(tmpFiles.nonEmpty, s"the snapshot was not seen running: ${files(root)}")
+    val back = p.getStore(1, None, false, false) // a task retry: rolls back to version 1
+    assert(contents(back) == model.toMap)
+    // The snapshot gave up instead of finishing while the roll-back waited.
+    assert(!files(root).contains("2.hs-snapshot") && tmpFiles.isEmpty, files(root) ++ tmpFiles)
+    put(back, 2, -2); back.commit()
+    model(2) = -2
+    p.close()
+    assert(contents(provider(root).getReadStore(2, None)) == model.toMap)
+  }
+
   test("prefix scan sees live keys and this batch's changes") {
     val p = provider(tempDir(), prefixScan = true)
     def put2(s: StateStore, g: String, t: Long, v: Long) = s.put(prefixKey(g, t), row(v), CF)

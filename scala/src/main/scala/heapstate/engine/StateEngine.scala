@@ -20,18 +20,22 @@ final case class EngineSettings(
  * that writing takes at most `dutyCycle` of the snapshot's wall time. A snapshot competes with the
  * tasks for the cores (compressing a 300 MB state takes about a second of one core); paced, it
  * slows each batch it overlaps a little, instead of a few batches a lot. The undo log keeps what
- * the snapshot still needs for as long as it runs.
+ * the snapshot still needs for as long as it runs. A paced snapshot gives up at its next pause
+ * when a roll-back, reload or close waits for it: none of them should wait three times as long.
  */
-final class SnapshotPacer(dutyCycle: Double) {
+final class SnapshotPacer(dutyCycle: Double, abandon: () => Boolean) {
   private var bytes = 0L
   private var chunkStarted = System.nanoTime()
 
+  /** Counts `n` bytes written; pauses after each chunk, and throws [[SnapshotPacer.Abandoned]] when `abandon()`. */
   def wrote(n: Int): Unit = {
     bytes += n
-    if (bytes >= SnapshotPacer.Chunk && dutyCycle < 1.0) {
+    if (bytes >= SnapshotPacer.Chunk) {
+      if (abandon()) throw new SnapshotPacer.Abandoned
       val busy = System.nanoTime() - chunkStarted
       val rest = (busy * (1 - dutyCycle) / dutyCycle).toLong
       if (rest > 0) java.util.concurrent.locks.LockSupport.parkNanos(rest)
+      if (abandon()) throw new SnapshotPacer.Abandoned
       bytes = 0
       chunkStarted = System.nanoTime()
     }
@@ -42,6 +46,9 @@ object SnapshotPacer {
   /** A third: a snapshot runs three times as long as unpaced, and takes a third of a core. */
   val DefaultDutyCycle: Double = 1.0 / 3
   private val Chunk = 1L << 20
+
+  /** A paced snapshot gave up because a task or close needs the state; its file is not kept. */
+  final class Abandoned extends Exception("snapshot abandoned", null, false, false)
 }
 
 /**
@@ -84,6 +91,8 @@ final class StateEngine(
   @volatile private var state: LiveState = _
   /** Version of the newest snapshot known to hold for the current lineage (0: none). */
   @volatile private var newestSnapshot = 0L
+  /** Set while a caller waits for `snapshotLock`; a paced snapshot then gives up. */
+  @volatile private var snapshotLockWanted = false
   /** Version being snapshotted now, or -1. */
   @volatile private var snapshotInProgress = -1L
   /** The highest version seen on disk or committed here; a commit at or below it is a re-run. */
@@ -202,20 +211,25 @@ final class StateEngine(
       if (locked) { snapshotInProgress = st.version; Some((st, st.version, Option(lineageIds.get(st.version)))) }
       else None
     }
-    picked.map { case (st, s, id) =>
+    picked.flatMap { case (st, s, id) =>
       try {
         val started = System.nanoTime()
         val bytes = files.write(Snapshot, s, settings.codec, id) { w =>
           if (force) st.writeSnapshotView(s, w.putEntry)
           else {
-            val pacer = new SnapshotPacer(settings.snapshotDutyCycle)
+            val pacer = new SnapshotPacer(settings.snapshotDutyCycle, () => snapshotLockWanted)
             st.writeSnapshotView(s, { entry => w.putEntry(entry); pacer.wrote(entry.length) })
           }
         }
         newestSnapshot = math.max(newestSnapshot, s)
         log.info(f"Wrote snapshot of version $s for ${files.dir}: $bytes%d bytes in " +
           f"${(System.nanoTime() - started) / 1e6}%.0f ms")
-        s
+        Some(s)
+      } catch {
+        case _: SnapshotPacer.Abandoned =>
+          log.info(s"Abandoned the snapshot of version $s for ${files.dir}: a task or close needs the state; " +
+            "the next commit or maintenance run starts it again")
+          None
       } finally {
         snapshotInProgress = -1
         snapshotLock.unlock()
@@ -302,8 +316,15 @@ final class StateEngine(
 
   def close(): Unit = synchronized { withSnapshotLock { state = null; lineageIds.clear() } }
 
+  /**
+   * Runs `body` holding `snapshotLock`. When a snapshot holds it, a paced (background) one gives
+   * up at its next pause rather than make a task or close wait for it; a forced one is waited for.
+   */
   private def withSnapshotLock[T](body: => T): T = {
-    snapshotLock.lock()
+    if (!snapshotLock.tryLock()) {
+      snapshotLockWanted = true
+      try snapshotLock.lock() finally snapshotLockWanted = false
+    }
     try body finally snapshotLock.unlock()
   }
 

@@ -82,8 +82,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
   override def stateStoreId: StateStoreId = storeId
 
   override def close(): Unit = if (engine != null) {
-    cancelPendingSnapshot() // one already running finishes first: close waits for it
-    engine.close()
+    engine.close() // a background snapshot running now gives up at its next pause
+    cancelPendingSnapshot() // and a queued one never starts
   }
 
   override def getStore(

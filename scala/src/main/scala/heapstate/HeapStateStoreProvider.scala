@@ -320,7 +320,10 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       if (storeConf.commitValidationEnabled) {
         StateStore.reportCommitToCoordinator(committed.version, storeId, hadoopConf)
       }
-      if (forceSnapshot) engine.snapshotIfDue(force = true).foreach(reportSnapshot) else snapshotSoon()
+      if (forceSnapshot) engine.snapshotIfDue(force = true).foreach(reportSnapshot)
+      // A batch that began by rebuilding its state from files (a restart, a moved store) leaves
+      // the cores to the other partitions still loading; the next commit starts the snapshot.
+      else if (!engine.rebuiltAt(version)) snapshotSoon()
       committed.version
     }
 

@@ -106,6 +106,9 @@ final class StateEngine(
   /** Milliseconds spent rebuilding `version` from files, when it was the last version rebuilt; else 0. */
   def loadMsOf(version: Long): Long = { val (v, ms) = lastLoad; if (v == version) ms else 0L }
 
+  /** Whether `version` is the version last rebuilt from files. */
+  def rebuiltAt(version: Long): Boolean = lastLoad._1 == version
+
   def isLoaded: Boolean = state != null
   def live: LiveState = {
     val st = state

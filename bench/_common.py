@@ -245,6 +245,17 @@ def file_kind(relpath: str) -> str:
     return "other"
 
 
+def snapshot_or_journal(relpath: str) -> tuple[str, int] | None:
+    """``("snapshot" | "journal", version)`` for a state file a restart can read: heapstate's and
+    the HDFS provider's snapshots and journals (deltas), RocksDB's zips (as snapshots) and
+    changelogs (as journals); ``None`` for anything else."""
+    kind = {"rocksdb-zip": "snapshot"}.get(file_kind(relpath), file_kind(relpath))
+    head = os.path.basename(relpath).split(".")[0].split("_")[0]
+    if kind not in ("snapshot", "journal") or not head.isdigit():
+        return None
+    return kind, int(head)
+
+
 def recovery_chains(state_dir: Path) -> list[dict[str, Any]]:
     """For each store folder under ``state_dir`` (``<operator>/<partition>``), what a restart at
     the newest version reads: the newest snapshot (heapstate's or the HDFS provider's; 0 if none)
@@ -256,12 +267,9 @@ def recovery_chains(state_dir: Path) -> list[dict[str, Any]]:
     for store in sorted(p for p in state_dir.glob("*/*") if p.is_dir() and p.name.isdigit()):
         versions: dict[str, set[int]] = {"journal": set(), "snapshot": set()}
         for f in store.iterdir():
-            kind = file_kind(f.name)
-            if kind == "rocksdb-zip":
-                kind = "snapshot"
-            head = f.name.split(".")[0].split("_")[0]
-            if kind in versions and head.isdigit():
-                versions[kind].add(int(head))
+            found = snapshot_or_journal(f.name)
+            if found:
+                versions[found[0]].add(found[1])
         newest = max(versions["journal"] | versions["snapshot"], default=0)
         snapshot = max((v for v in versions["snapshot"] if v <= newest), default=0)
         chains.append(
@@ -317,9 +325,9 @@ class StateFiles:
             grown = size - self.sizes.get(path, 0)
             if grown > 0:
                 new_by_kind[kind] += grown
-                head = os.path.basename(path).split(".")[0].split("_")[0]
-                if kind in ("snapshot", "rocksdb-zip") and head.isdigit():
-                    new_snapshots.add(int(head))
+                found = snapshot_or_journal(path)
+                if found and found[0] == "snapshot":
+                    new_snapshots.add(found[1])
         total = sum(now.values())
         delta = total - sum(self.sizes.values())
         self.sizes = now

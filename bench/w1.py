@@ -413,6 +413,7 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     commit = [b["commit_ms"] for b in steady if b["commit_ms"] is not None]
     restart = run.get("restart") or {}
     restarts = run.get("restarts") or ([restart] if restart else [])
+    restart_loads = [(r.get("custom_metrics") or {}).get("heapstateLoadMs") for r in restarts]
     during = compaction_batches(batches)
     compaction_commit = [b["commit_ms"] for b in steady if b["batch"] in during]
     other_commit = [b["commit_ms"] for b in steady if b["batch"] not in during]
@@ -447,13 +448,7 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         "restart_trigger_ms": median([r["trigger_ms"] for r in restarts]),
         "restart_trigger_ms_each": [r["trigger_ms"] for r in restarts],
         "restart_wall_ms": median([r["wall_ms"] for r in restarts]),
-        "restart_load_ms": median(
-            [
-                (r.get("custom_metrics") or {}).get("heapstateLoadMs")
-                for r in restarts
-                if (r.get("custom_metrics") or {}).get("heapstateLoadMs") is not None
-            ]
-        ),
+        "restart_load_ms": median([v for v in restart_loads if v is not None]),
         "restart_journals_max": maximum(
             [c["journals_above"] for r in restarts for c in r.get("recovery_chains") or []]
         ),

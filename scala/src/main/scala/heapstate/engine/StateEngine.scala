@@ -12,8 +12,7 @@ final case class EngineSettings(
     compactionInterval: Int,
     codec: Codec,
     undoVersions: Int,
-    minVersionsToRetain: Int,
-    snapshotDutyCycle: Double = SnapshotPacer.DefaultDutyCycle)
+    minVersionsToRetain: Int)
 
 /**
  * Spreads a background snapshot out in time: after every MiB of entries, it sleeps long enough
@@ -220,7 +219,7 @@ final class StateEngine(
         val bytes = files.write(Snapshot, s, settings.codec, id) { w =>
           if (force) st.writeSnapshotView(s, w.putEntry)
           else {
-            val pacer = new SnapshotPacer(settings.snapshotDutyCycle, () => snapshotLockWanted)
+            val pacer = new SnapshotPacer(SnapshotPacer.DefaultDutyCycle, () => snapshotLockWanted)
             st.writeSnapshotView(s, { entry => w.putEntry(entry); pacer.wrote(entry.length) })
           }
         }

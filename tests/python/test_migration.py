@@ -225,6 +225,18 @@ def tree(directory: Path) -> dict[str, tuple[int, str]]:
     }
 
 
+def assert_continues_as_reference(
+    spark: SparkSession, migrated: MigratedRun, ref: PipelineRun, family: Family
+) -> None:
+    """The migrated query's output before and after the migration, and its final state, equal
+    the unmigrated reference's."""
+    assert migrated.run.first_run == ref.first_run
+    assert migrated.run.second_run == ref.second_run
+    assert final_state(spark, migrated.run.checkpoint, family.stores) == final_state(
+        spark, ref.checkpoint, family.stores
+    )
+
+
 def assert_migrated_checkpoint(
     migrated: MigratedRun, source: str, target: str, stores_per_partition: int
 ) -> None:
@@ -294,8 +306,7 @@ def test_migrate_to_heapstate_continues_where_it_stopped(
     ref = reference(spark, reference_dir, name)
     migrated = run_migrated(spark, tmp_path, family, HDFS_PROVIDER, "heapstate")
 
-    assert migrated.run.first_run == ref.first_run
-    assert migrated.run.second_run == ref.second_run
+    assert_continues_as_reference(spark, migrated, ref, family)
     assert any(rows for _, rows in ref.second_run), "no output after the restart"
     after = ref.rows_after_restart()
     for row in EXPECTED_AFTER_RESTART[name]:
@@ -305,10 +316,6 @@ def test_migrate_to_heapstate_continues_where_it_stopped(
     if name == "drop_duplicates":
         assert not {k for k, _ in after} & {"a", "b"}, after
     assert sum(s["rows"] for s in migrated.report["stores"]) > 0
-
-    assert final_state(spark, migrated.run.checkpoint, family.stores) == final_state(
-        spark, ref.checkpoint, family.stores
-    )
     assert_migrated_checkpoint(migrated, HDFS_PROVIDER, HEAPSTATE_PROVIDER, len(family.stores))
 
 
@@ -324,11 +331,7 @@ def test_migrate_back_to_hdfs_continues_where_it_stopped(
     ref = reference(spark, reference_dir, name)
     migrated = run_migrated(spark, tmp_path, family, HEAPSTATE_PROVIDER, "hdfs")
 
-    assert migrated.run.first_run == ref.first_run
-    assert migrated.run.second_run == ref.second_run
-    assert final_state(spark, migrated.run.checkpoint, family.stores) == final_state(
-        spark, ref.checkpoint, family.stores
-    )
+    assert_continues_as_reference(spark, migrated, ref, family)
     assert_migrated_checkpoint(migrated, HEAPSTATE_PROVIDER, HDFS_PROVIDER, len(family.stores))
 
 

@@ -1,0 +1,174 @@
+package heapstate.bench
+
+import heapstate.bench.BenchStores._
+
+import java.nio.file.{Files, Paths}
+import java.util.UUID
+import java.util.concurrent.{Callable, Executors}
+
+import scala.collection.mutable
+
+import org.apache.hadoop.conf.Configuration
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.catalyst.expressions.{UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.execution.streaming.state._
+import org.apache.spark.sql.internal.SQLConf
+import org.apache.spark.sql.types._
+import org.apache.spark.unsafe.types.UTF8String
+
+/**
+ * The load inside W1's restart, without a query: how long each provider takes to rebuild
+ * W1-shaped state from its files in a fresh JVM. W1's restart figure is one whole micro-batch;
+ * this isolates the part a provider controls, in about a minute per provider.
+ *
+ * The state: K keys in 4 partitions, a `long` key, and as value a 256-character random hex
+ * string, a flag and a count (what `groupBy(k).agg(last(v), count(*))` keeps). Each provider
+ * first builds its checkpoint in one JVM: version 1 with every key, then `--journals` versions
+ * of U/4 updates per partition (no snapshot above version 1, so the load reads the first version
+ * and every journal, as W1's worst store reads a snapshot and up to 10 journals). Then, `--runs`
+ * times, a fresh JVM with W1's driver heap flags (`-Xmx6g`, no `-Xms`) writes two small versions
+ * on a scratch store (as W1's restart warm-up does: the write path is warm, the load path is
+ * not), and loads the 4 partitions on two threads, as `local[2]` runs two tasks at once.
+ *
+ * {{{
+ *   bin/sbt "bench/runMain heapstate.bench.RestartLoad"
+ *   bin/sbt "bench/runMain heapstate.bench.RestartLoad --runs 5 --keys 1000000 --journals 9"
+ * }}}
+ * Prints each run's wall time and the median per provider, with its ratio to HDFS's. The
+ * providers are HDFS and heapstate unless `--providers` says otherwise.
+ */
+object RestartLoad {
+  private val Partitions = 4
+  private val keySchema = StructType(Seq(StructField("k", LongType, nullable = false)))
+  private val valueSchema =
+    StructType(Seq(StructField("v", StringType), StructField("set", BooleanType), StructField("n", LongType)))
+
+  def main(args: Array[String]): Unit = {
+    val opts = options(args)
+    val keys = opts.getOrElse("keys", "1000000").toInt
+    val journals = opts.getOrElse("journals", "9").toInt
+    val updates = opts.getOrElse("updates", "10000").toInt
+    val runs = opts.getOrElse("runs", "3").toInt
+    // RocksDB's restart is measured by W1; this probe compares the two heap providers' loads.
+    val providers = chosen(opts + ("providers" -> opts.getOrElse("providers", "hdfs,heapstate")))
+    opts.get("phase") match {
+      case Some("build") => build(providers.head, opts("root"), keys, journals, updates)
+      case Some("load") => load(providers.head, opts("root"), journals + 1, opts("out"))
+      case _ =>
+        val root = Files.createTempDirectory("restart-load")
+        val walls = mutable.LinkedHashMap.empty[String, Seq[Long]]
+        try {
+          for (p <- providers) {
+            val dir = root.resolve(p.name).toString
+            def phase(name: String, heap: Seq[String], extra: String*): Unit = {
+              val cmd = Seq(Paths.get(System.getProperty("java.home"), "bin", "java").toString) ++ heap ++ jvmOpens ++
+                Seq("-cp", System.getProperty("java.class.path"), "heapstate.bench.RestartLoad", "--phase", name,
+                  "--providers", p.name, "--root", dir, "--keys", keys.toString, "--journals", journals.toString,
+                  "--updates", updates.toString) ++ extra
+              val code = new ProcessBuilder(cmd: _*).inheritIO().start().waitFor()
+              if (code != 0) sys.error(s"the ${p.name} $name phase failed with exit code $code")
+            }
+            phase("build", Seq("-Xms6g", "-Xmx6g"))
+            walls(p.name) = (1 to runs).map { _ =>
+              val out = Files.createTempFile(root, "load", ".txt")
+              phase("load", Seq("-Xmx6g"), "--out", out.toString)
+              Files.readString(out).trim.toLong
+            }
+          }
+        } finally deleteRecursively(root.toFile)
+        report(walls, keys, journals, updates)
+    }
+  }
+
+  private def median(xs: Seq[Long]): Long = xs.sorted.apply(xs.size / 2)
+
+  private def report(walls: mutable.LinkedHashMap[String, Seq[Long]], keys: Int, journals: Int, updates: Int): Unit = {
+    println(f"%nRestart load: K=$keys%,d in $Partitions partitions, version 1 + $journals journals of $updates%,d updates; " +
+      s"fresh JVM, two loading threads")
+    val base = walls.get("hdfs").map(median)
+    println(f"${"provider"}%-18s ${"median ms"}%10s ${"vs hdfs"}%8s  runs")
+    for ((name, ws) <- walls) {
+      val ratio = base.map(b => f"${median(ws).toDouble / b}%.2fx").getOrElse("-")
+      println(f"$name%-18s ${median(ws)}%10d $ratio%8s  ${ws.mkString(", ")}")
+    }
+  }
+
+  private def jvmOpens: Seq[String] =
+    Seq("java.lang", "java.lang.invoke", "java.nio", "java.util", "sun.nio.ch").map(p => s"--add-opens=java.base/$p=ALL-UNNAMED")
+
+  private def deleteRecursively(f: java.io.File): Unit = {
+    Option(f.listFiles).foreach(_.foreach(deleteRecursively))
+    f.delete()
+  }
+
+  private def open(p: Provider, root: String, partition: Int): StateStoreProvider = {
+    val sql = new SQLConf()
+    sql.setConfString("spark.sql.streaming.minBatchesToRetain", "100")
+    sql.setConfString("spark.sql.streaming.stateStore.minDeltasForSnapshot", "1000") // HDFS: no snapshot either
+    p.confs.foreach { case (k, v) => sql.setConfString(k, v) }
+    val conf = new Configuration()
+    conf.set("sql.streaming.queryId", UUID.randomUUID().toString)
+    conf.set("sql.streaming.runId", UUID.randomUUID().toString)
+    val provider = StateStoreProvider.create(p.className)
+    provider.init(StateStoreId(root, 0, partition), keySchema, valueSchema, NoPrefixKeyStateEncoderSpec(keySchema),
+      false, new StateStoreConf(sql), conf, false, None)
+    provider
+  }
+
+  private val keyProj = UnsafeProjection.create(keySchema)
+  private val valueProj = UnsafeProjection.create(valueSchema)
+  private def key(k: Long): UnsafeRow = keyProj(InternalRow(k)).copy()
+  private def value(k: Long, version: Int): UnsafeRow = {
+    // Random-looking hex, like W1's sha2 payload: it compresses to about half, not to nothing.
+    val rnd = new java.util.SplittableRandom(k * 1000003L + version)
+    val hex = Array.fill[Byte](256)("0123456789abcdef".charAt(rnd.nextInt(16)).toByte)
+    valueProj(InternalRow(UTF8String.fromBytes(hex), true, version.toLong)).copy()
+  }
+
+  private def build(p: Provider, root: String, keys: Int, journals: Int, updates: Int): Unit = {
+    val rnd = new java.util.Random(42)
+    for (part <- 0 until Partitions) {
+      val provider = open(p, root, part)
+      val first = provider.getStore(0)
+      var k = part.toLong
+      while (k < keys) { first.put(key(k), value(k, 0)); k += Partitions }
+      first.commit()
+      for (v <- 1 to journals) {
+        val store = provider.getStore(v)
+        for (_ <- 0 until updates / Partitions) {
+          val kk = rnd.nextInt(keys / Partitions).toLong * Partitions + part
+          store.put(key(kk), value(kk, v))
+        }
+        store.commit()
+      }
+      provider.close()
+    }
+    println(s"${p.name}: built $keys keys in $Partitions partitions, versions 1 to ${journals + 1}")
+  }
+
+  private def load(p: Provider, root: String, version: Int, out: String): Unit = {
+    val warm = open(p, Files.createTempDirectory("restart-load-warm-up").toString, 0)
+    for (v <- 0 until 2) {
+      val store = warm.getStore(v)
+      for (k <- 0 until 1000) store.put(key(k), value(k, v))
+      store.commit()
+    }
+    warm.close()
+    val pool = Executors.newFixedThreadPool(2)
+    val start = System.nanoTime()
+    val loaded = (0 until Partitions).map { part =>
+      pool.submit(new Callable[Long] {
+        def call(): Long = {
+          val store = open(p, root, part).getStore(version)
+          val n = store.metrics.numKeys
+          store.abort()
+          n
+        }
+      })
+    }.map(_.get()).sum
+    val wall = (System.nanoTime() - start) / 1000000
+    pool.shutdown()
+    println(f"${p.name}%-18s load wall $wall%5d ms, $loaded%,d keys")
+    Files.writeString(Paths.get(out), wall.toString)
+  }
+}

@@ -22,6 +22,19 @@ object BenchStores {
     Provider("rocksdb", RocksDB, Map(Changelog -> "false")),
     Provider("heapstate", "heapstate.HeapStateStoreProvider", Map.empty))
 
+  /** The `java` of this JVM, for benchmarks that run each provider in a JVM of its own. */
+  def javaBin: String = java.nio.file.Paths.get(System.getProperty("java.home"), "bin", "java").toString
+
+  /** This JVM's `--add-opens` flags (sbt's `bench/run` passes Spark's), for the JVMs it starts. */
+  def jvmOpens: Seq[String] =
+    java.lang.management.ManagementFactory.getRuntimeMXBean.getInputArguments.toArray.map(_.toString).toSeq
+      .filter(_.startsWith("--add-opens"))
+
+  def deleteRecursively(f: java.io.File): Unit = {
+    Option(f.listFiles).foreach(_.foreach(deleteRecursively))
+    f.delete()
+  }
+
   /** `--name value` pairs of a command line. */
   def options(args: Array[String]): Map[String, String] =
     args.sliding(2, 2).collect { case Array(k, v) if k.startsWith("--") => k.drop(2) -> v }.toMap

@@ -61,7 +61,7 @@ object RestartLoad {
           for (p <- providers) {
             val dir = root.resolve(p.name).toString
             def phase(name: String, heap: Seq[String], extra: String*): Unit = {
-              val cmd = Seq(Paths.get(System.getProperty("java.home"), "bin", "java").toString) ++ heap ++ jvmOpens ++
+              val cmd = Seq(javaBin) ++ heap ++ jvmOpens ++
                 Seq("-cp", System.getProperty("java.class.path"), "heapstate.bench.RestartLoad", "--phase", name,
                   "--providers", p.name, "--root", dir, "--keys", keys.toString, "--journals", journals.toString,
                   "--updates", updates.toString) ++ extra
@@ -91,14 +91,6 @@ object RestartLoad {
       val ratio = base.map(b => f"${median(ws).toDouble / b}%.2fx").getOrElse("-")
       println(f"$name%-18s ${median(ws)}%10d $ratio%8s  ${ws.mkString(", ")}")
     }
-  }
-
-  private def jvmOpens: Seq[String] =
-    Seq("java.lang", "java.lang.invoke", "java.nio", "java.util", "sun.nio.ch").map(p => s"--add-opens=java.base/$p=ALL-UNNAMED")
-
-  private def deleteRecursively(f: java.io.File): Unit = {
-    Option(f.listFiles).foreach(_.foreach(deleteRecursively))
-    f.delete()
   }
 
   private def open(p: Provider, root: String, partition: Int): StateStoreProvider = {

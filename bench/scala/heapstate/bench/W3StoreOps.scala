@@ -66,11 +66,6 @@ object W3StoreOps {
     }
   }
 
-  private def javaBin: String = Paths.get(System.getProperty("java.home"), "bin", "java").toString
-
-  private def jvmOpens: Seq[String] =
-    ManagementFactory.getRuntimeMXBean.getInputArguments.toArray.map(_.toString).toSeq.filter(_.startsWith("--add-opens"))
-
   private def runWorker(p: Provider, size: Size, out: java.nio.file.Path): Unit = {
     val spark = SparkSession.builder().master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
@@ -157,11 +152,6 @@ object W3StoreOps {
     Map("load_ms" -> loadMs, "get_ops_per_ms" -> get, "update_ops_per_ms" -> update, "put_ops_per_ms" -> put,
       "remove_ops_per_ms" -> remove, "cycle_ms" -> median(cycleMs.drop(size.warmups)),
       "heap_bytes_per_key" -> heapPerKey, "memory_used_bytes" -> memoryUsed)
-  }
-
-  private def deleteRecursively(f: File): Unit = {
-    Option(f.listFiles).foreach(_.foreach(deleteRecursively))
-    f.delete()
   }
 
   private def report(results: Map[(String, Int), Map[String, Double]], names: Seq[String], size: Size, sizeName: String,

@@ -49,6 +49,8 @@ object RestartLoad {
     val journals = opts.getOrElse("journals", "9").toInt
     val updates = opts.getOrElse("updates", "10000").toInt
     val runs = opts.getOrElse("runs", "3").toInt
+    require(keys >= Partitions && journals >= 0 && updates >= Partitions && runs >= 1,
+      s"--keys and --updates must be at least $Partitions, --journals at least 0, --runs at least 1")
     // RocksDB's restart is measured by W1; this probe compares the two heap providers' loads.
     val providers = chosen(opts + ("providers" -> opts.getOrElse("providers", "hdfs,heapstate")))
     opts.get("phase") match {
@@ -96,7 +98,9 @@ object RestartLoad {
   private def open(p: Provider, root: String, partition: Int): StateStoreProvider = {
     val sql = new SQLConf()
     sql.setConfString("spark.sql.streaming.minBatchesToRetain", "100")
-    sql.setConfString("spark.sql.streaming.stateStore.minDeltasForSnapshot", "1000") // HDFS: no snapshot either
+    // No snapshot above version 1 for either provider, whatever the timing of a background one.
+    sql.setConfString("spark.sql.streaming.stateStore.minDeltasForSnapshot", "1000")
+    sql.setConfString("spark.sql.streaming.stateStore.heapstate.compactionInterval", "1000")
     p.confs.foreach { case (k, v) => sql.setConfString(k, v) }
     val conf = new Configuration()
     conf.set("sql.streaming.queryId", UUID.randomUUID().toString)
@@ -139,13 +143,15 @@ object RestartLoad {
   }
 
   private def load(p: Provider, root: String, version: Int, out: String): Unit = {
-    val warm = open(p, Files.createTempDirectory("restart-load-warm-up").toString, 0)
+    val scratch = Files.createTempDirectory("restart-load-warm-up")
+    val warm = open(p, scratch.toString, 0)
     for (v <- 0 until 2) {
       val store = warm.getStore(v)
       for (k <- 0 until 1000) store.put(key(k), value(k, v))
       store.commit()
     }
     warm.close()
+    deleteRecursively(scratch.toFile)
     val pool = Executors.newFixedThreadPool(2)
     val start = System.nanoTime()
     val loaded = (0 until Partitions).map { part =>

@@ -249,7 +249,8 @@ def snapshot_or_journal(relpath: str) -> tuple[str, int] | None:
     """``("snapshot" | "journal", version)`` for a state file a restart can read: heapstate's and
     the HDFS provider's snapshots and journals (deltas), RocksDB's zips (as snapshots) and
     changelogs (as journals); ``None`` for anything else."""
-    kind = {"rocksdb-zip": "snapshot"}.get(file_kind(relpath), file_kind(relpath))
+    kind = file_kind(relpath)
+    kind = "snapshot" if kind == "rocksdb-zip" else kind
     head = os.path.basename(relpath).split(".")[0].split("_")[0]
     if kind not in ("snapshot", "journal") or not head.isdigit():
         return None

@@ -90,7 +90,10 @@ final class StateEngine(
   @volatile private var state: LiveState = _
   /** Version of the newest snapshot known to hold for the current lineage (0: none). */
   @volatile private var newestSnapshot = 0L
-  /** Set while a caller waits for `snapshotLock`; a paced snapshot then gives up. */
+  /**
+   * Set while a caller waits for `snapshotLock`; a paced snapshot then gives up. One flag is
+   * enough: every caller of [[withSnapshotLock]] holds this engine's monitor, so at most one waits.
+   */
   @volatile private var snapshotLockWanted = false
   /** Version being snapshotted now, or -1. */
   @volatile private var snapshotInProgress = -1L

@@ -34,8 +34,16 @@ import org.apache.spark.unsafe.types.UTF8String
  *   bin/sbt "bench/runMain heapstate.bench.RestartLoad"
  *   bin/sbt "bench/runMain heapstate.bench.RestartLoad --runs 5 --keys 1000000 --journals 9"
  * }}}
- * Prints each run's wall time and the median per provider, with its ratio to HDFS's. The
- * providers are HDFS and heapstate unless `--providers` says otherwise.
+ * Prints each run's wall time, the GC pause time inside it, and the median per provider, with
+ * its ratio to HDFS's. The providers are HDFS and heapstate unless `--providers` says otherwise.
+ *
+ * `--stage` stops heapstate's load part of the way, to see where a cold load's time goes: `parse`
+ * reads every file of the partition (decompressing, checking and parsing it) and drops each
+ * record's entry array; `table` also keeps every entry in an `EntryTable`, with no provider,
+ * engine or memory accounting; `full`, the default, is `getStore`. Only `full` applies to HDFS.
+ * {{{
+ *   bin/sbt "bench/runMain heapstate.bench.RestartLoad --providers heapstate --stage parse --runs 5"
+ * }}}
  */
 object RestartLoad {
   private val Partitions = 4
@@ -53,9 +61,13 @@ object RestartLoad {
       s"--keys and --updates must be at least $Partitions, --journals at least 0, --runs at least 1")
     // RocksDB's restart is measured by W1; this probe compares the two heap providers' loads.
     val providers = chosen(opts + ("providers" -> opts.getOrElse("providers", "hdfs,heapstate")))
+    val stage = opts.getOrElse("stage", "full")
+    require(Stages.contains(stage), s"--stage must be one of ${Stages.mkString(", ")}, not '$stage'")
+    require(stage == "full" || providers.forall(_.name == "heapstate"),
+      s"--stage $stage looks inside heapstate's load; run it with --providers heapstate")
     opts.get("phase") match {
       case Some("build") => build(providers.head, opts("root"), keys, journals, updates)
-      case Some("load") => load(providers.head, opts("root"), journals + 1, opts("out"))
+      case Some("load") => load(providers.head, opts("root"), journals + 1, stage, opts("out"))
       case _ =>
         val root = Files.createTempDirectory("restart-load")
         val walls = mutable.LinkedHashMap.empty[String, Seq[Long]]
@@ -66,7 +78,7 @@ object RestartLoad {
               val cmd = Seq(javaBin) ++ heap ++ jvmOpens ++
                 Seq("-cp", System.getProperty("java.class.path"), "heapstate.bench.RestartLoad", "--phase", name,
                   "--providers", p.name, "--root", dir, "--keys", keys.toString, "--journals", journals.toString,
-                  "--updates", updates.toString) ++ extra
+                  "--updates", updates.toString, "--stage", stage) ++ extra
               val code = new ProcessBuilder(cmd: _*).inheritIO().start().waitFor()
               if (code != 0) sys.error(s"the ${p.name} $name phase failed with exit code $code")
             }
@@ -78,15 +90,18 @@ object RestartLoad {
             }
           }
         } finally deleteRecursively(root.toFile)
-        report(walls, keys, journals, updates)
+        report(walls, keys, journals, updates, stage)
     }
   }
 
+  private val Stages = Seq("parse", "table", "full")
+
   private def median(xs: Seq[Long]): Long = xs.sorted.apply(xs.size / 2)
 
-  private def report(walls: mutable.LinkedHashMap[String, Seq[Long]], keys: Int, journals: Int, updates: Int): Unit = {
+  private def report(
+      walls: mutable.LinkedHashMap[String, Seq[Long]], keys: Int, journals: Int, updates: Int, stage: String): Unit = {
     println(f"%nRestart load: K=$keys%,d in $Partitions partitions, version 1 + $journals journals of $updates%,d updates; " +
-      s"fresh JVM, two loading threads")
+      s"fresh JVM, two loading threads" + (if (stage == "full") "" else s"; heapstate's load up to stage '$stage'"))
     val base = walls.get("hdfs").map(median)
     println(f"${"provider"}%-18s ${"median ms"}%10s ${"vs hdfs"}%8s  runs")
     for ((name, ws) <- walls) {
@@ -142,7 +157,25 @@ object RestartLoad {
     println(s"${p.name}: built $keys keys in $Partitions partitions, versions 1 to ${journals + 1}")
   }
 
-  private def load(p: Provider, root: String, version: Int, out: String): Unit = {
+  /**
+   * One partition's heapstate files, loaded up to `stage` (see the class comment); returns the
+   * records read (`parse`) or the keys kept (`table`).
+   */
+  private def loadStage(root: String, part: Int, stage: String): Long = {
+    import heapstate.io.StateFiles
+    val files = new StateFiles(new org.apache.hadoop.fs.Path(s"$root/0/$part"), new Configuration(), part)
+    val table = new heapstate.engine.EntryTable()
+    var n = 0L
+    for (f <- files.list()) stage match {
+      case "parse" => files.readEntries(f)(_ => n += 1, _ => n += 1)
+      case "table" =>
+        files.readEntries(f)(e => table.put(e, heapstate.engine.Entry.keyHash(e)), k => table.remove(heapstate.engine.Key(k)))
+        n = table.size
+    }
+    n
+  }
+
+  private def load(p: Provider, root: String, version: Int, stage: String, out: String): Unit = {
     val scratch = Files.createTempDirectory("restart-load-warm-up")
     val warm = open(p, scratch.toString, 0)
     for (v <- 0 until 2) {
@@ -153,10 +186,13 @@ object RestartLoad {
     warm.close()
     deleteRecursively(scratch.toFile)
     val pool = Executors.newFixedThreadPool(2)
+    def gcMs: Long = java.lang.management.ManagementFactory.getGarbageCollectorMXBeans.toArray
+      .map(_.asInstanceOf[java.lang.management.GarbageCollectorMXBean].getCollectionTime).sum
+    val gcBefore = gcMs
     val start = System.nanoTime()
     val loaded = (0 until Partitions).map { part =>
       pool.submit(new Callable[Long] {
-        def call(): Long = {
+        def call(): Long = if (stage != "full") loadStage(root, part, stage) else {
           val store = open(p, root, part).getStore(version)
           val n = store.metrics.numKeys
           store.abort()
@@ -165,8 +201,10 @@ object RestartLoad {
       })
     }.map(_.get()).sum
     val wall = (System.nanoTime() - start) / 1000000
+    val gc = gcMs - gcBefore
     pool.shutdown()
-    println(f"${p.name}%-18s load wall $wall%5d ms, $loaded%,d keys")
+    val what = if (stage == "parse") "records" else "keys"
+    println(f"${p.name}%-18s load wall $wall%5d ms (GC pauses $gc%4d ms), $loaded%,d $what")
     Files.writeString(Paths.get(out), wall.toString)
   }
 }

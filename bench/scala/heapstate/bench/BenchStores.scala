@@ -30,6 +30,9 @@ object BenchStores {
     java.lang.management.ManagementFactory.getRuntimeMXBean.getInputArguments.toArray.map(_.toString).toSeq
       .filter(_.startsWith("--add-opens"))
 
+  /** The middle value of `xs` (the upper one of an even count). */
+  def median[T: Ordering](xs: Seq[T]): T = xs.sorted.apply(xs.size / 2)
+
   def deleteRecursively(f: java.io.File): Unit = {
     Option(f.listFiles).foreach(_.foreach(deleteRecursively))
     f.delete()

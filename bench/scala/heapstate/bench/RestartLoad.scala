@@ -96,17 +96,16 @@ object RestartLoad {
 
   private val Stages = Seq("parse", "table", "full")
 
-  private def median(xs: Seq[Long]): Long = xs.sorted.apply(xs.size / 2)
-
   private def report(
       walls: mutable.LinkedHashMap[String, Seq[Long]], keys: Int, journals: Int, updates: Int, stage: String): Unit = {
     println(f"%nRestart load: K=$keys%,d in $Partitions partitions, version 1 + $journals journals of $updates%,d updates; " +
       s"fresh JVM, two loading threads" + (if (stage == "full") "" else s"; heapstate's load up to stage '$stage'"))
-    val base = walls.get("hdfs").map(median)
+    val base = walls.get("hdfs").map(ws => median(ws))
     println(f"${"provider"}%-18s ${"median ms"}%10s ${"vs hdfs"}%8s  runs")
     for ((name, ws) <- walls) {
-      val ratio = base.map(b => f"${median(ws).toDouble / b}%.2fx").getOrElse("-")
-      println(f"$name%-18s ${median(ws)}%10d $ratio%8s  ${ws.mkString(", ")}")
+      val m = median(ws)
+      val ratio = base.map(b => f"${m.toDouble / b}%.2fx").getOrElse("-")
+      println(f"$name%-18s $m%10d $ratio%8s  ${ws.mkString(", ")}")
     }
   }
 

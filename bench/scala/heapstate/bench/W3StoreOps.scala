@@ -90,8 +90,6 @@ object W3StoreOps {
     ManagementFactory.getMemoryMXBean.getHeapMemoryUsage.getUsed
   }
 
-  private def median(xs: Seq[Double]): Double = { val s = xs.sorted; s(s.size / 2) }
-
   private def measure(p: Provider, keys: Int, size: Size): Map[String, Double] = {
     val root = Files.createTempDirectory(s"w3-${p.name}").toString
     val heapBefore = heapUsed()

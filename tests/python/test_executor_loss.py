@@ -37,6 +37,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pyspark
 import pytest
@@ -90,8 +91,16 @@ class Cluster:
     work_dirs: list[Path]
     daemons: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
-    def status(self) -> dict[str, object]:
+    def status(self) -> dict[str, Any] | None:
+        """The master's state, or None while its web UI is still starting.
+
+        Spark starts the UI's port before it adds the pages, one by one, the master's page
+        at ``/`` before ``/json``. In between, ``/json/`` answers 200 with the master's HTML
+        page, so only a JSON reply counts.
+        """
         with urllib.request.urlopen(f"{self.master_ui}/json/", timeout=5) as response:
+            if "json" not in response.headers.get("Content-Type", ""):
+                return None
             return json.load(response)
 
     def executor_dirs(self, app_id: str) -> list[Path]:
@@ -185,10 +194,12 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
                 assert d.poll() is None, f"a daemon exited with {d.returncode}:\n" + c.logs()
             time.sleep(0.5)
             try:
-                workers = c.status()["workers"]
+                status = c.status()
             except OSError:
                 continue
-            alive = sum(1 for w in workers if w["state"] == "ALIVE")  # type: ignore[index]
+            if status is None:
+                continue
+            alive = sum(1 for w in status["workers"] if w["state"] == "ALIVE")
         yield c
     finally:
         stop_cluster(c)

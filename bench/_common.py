@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -180,19 +181,28 @@ def run_worker(
 
 
 def pyspark_submit_args(
-    driver_memory: str, jars: Sequence[Path] = (), gc_log: Path | None = None
+    driver_memory: str,
+    jars: Sequence[Path] = (),
+    gc_log: Path | None = None,
+    java_options: Sequence[str] = (),
 ) -> str:
     """``PYSPARK_SUBMIT_ARGS`` for a worker: the driver's heap must be set before the JVM starts,
     which a SparkSession builder conf cannot do once ``pyspark`` launches the gateway. With
     ``gc_log``, the driver JVM (which is also the executor under ``local[*]``) writes its GC log
-    there (``-Xlog:gc``, each line stamped with the epoch milliseconds; see ``gc_pauses``)."""
+    there (``-Xlog:gc``, each line stamped with the epoch milliseconds; see ``gc_pauses``).
+    ``java_options`` go to the driver JVM as well (none may contain a space)."""
     parts = ["--driver-memory", driver_memory]
     if jars:
         parts += ["--jars", ",".join(str(j) for j in jars)]
+    options = list(java_options)
+    if any(" " in o or not o for o in options):
+        raise SystemExit(f"JVM options {options}: each must be one word, without spaces")
     if gc_log is not None:
         if ":" in str(gc_log) or " " in str(gc_log):
             raise SystemExit(f"GC log path {gc_log}: -Xlog cannot take ':' or ' ' in a path")
-        parts += ["--driver-java-options", f"-Xlog:gc:file={gc_log}:timemillis"]
+        options.append(f"-Xlog:gc:file={gc_log}:timemillis")
+    if options:
+        parts += ["--driver-java-options", shlex.quote(" ".join(options))]
     return " ".join([*parts, "pyspark-shell"])
 
 

@@ -289,7 +289,9 @@ def w5_section(report: dict[str, Any], path: Path) -> list[str]:
             f"**W5, growth** (`bench/w5.py --size {report.get('size')}`, `{path.name}`): W1 at "
             f"K = {', '.join(_keys(k) for k in p['keys'])} keys, {p['payload']}-character "
             f"payloads, {p['updates']:,} keys updated per batch, {p['batches']} batches, "
-            f"driver heap {report.get('driver_memory')}. Figures over batches 2 and later."
+            f"driver heap {report.get('driver_memory')}, JVM options "
+            f"{' '.join(f'`{o}`' for o in report.get('java_options') or []) or 'none'} "
+            "(for every provider). Figures over batches 2 and later."
         ),
         "",
     ]

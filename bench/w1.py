@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -661,10 +662,12 @@ def run_provider(
     log_dir: Path,
     driver_memory: str,
     jars: list[Path],
+    java_options: Sequence[str] = (),
 ) -> dict[str, Any]:
     """One provider's batches in a worker process, then its restart in a second one unless the
     restart runs in the first (``same-process``) or not at all. Each worker JVM writes a GC log
-    next to the worker's log; the run's pauses are kept under ``gc_pauses``."""
+    next to the worker's log; the run's pauses are kept under ``gc_pauses``. ``java_options``
+    go to every worker JVM."""
     name = _run_name(spec)
     log = log_dir / f"{name}.log"
     restarts = spec["restarts"] if spec["restart"] == "fresh-process" else 0
@@ -678,7 +681,8 @@ def run_provider(
         phase_spec = {**spec, **extra, "out": str(work_root / f"{name}.{phase}.json")}
         spec_path = _spec_file(work_root, f"{name}.{phase}", phase_spec)
         gc_log = log_dir / f"{name}.{phase}.gc.log"
-        env = {"PYSPARK_SUBMIT_ARGS": pyspark_submit_args(driver_memory, jars, gc_log)}
+        args = pyspark_submit_args(driver_memory, jars, gc_log, java_options)
+        env = {"PYSPARK_SUBMIT_ARGS": args}
         run_worker(python, SCRIPT, ["--worker", worker, "--spec", str(spec_path)], log, env)
         result = json.loads(Path(phase_spec["out"]).read_text())
         if worker == "restart":
@@ -698,13 +702,14 @@ def run_shared(
     log_dir: Path,
     driver_memory: str,
     jars: list[Path],
+    java_options: Sequence[str] = (),
 ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """Every provider in one worker process and JVM (``--jvm shared``). Returns the runs of the
     providers that succeeded and the errors of those that failed."""
     out = work_root / "shared.run.json"
     spec = {"providers": specs, "common_confs": common_confs, "out": str(out)}
     gc_log = log_dir / "shared.run.gc.log"
-    env = {"PYSPARK_SUBMIT_ARGS": pyspark_submit_args(driver_memory, jars, gc_log)}
+    env = {"PYSPARK_SUBMIT_ARGS": pyspark_submit_args(driver_memory, jars, gc_log, java_options)}
     spec_path = _spec_file(work_root, "shared.run", spec)
     run_worker(
         python,

@@ -10,6 +10,7 @@ As W5 in the project's BENCHMARKS.md describes, the batch cost of a provider tha
 Each K is one W1 run (``bench/w1.py``: the same data, query, workers and per-batch records) with
 P=64 and no restart. Every worker JVM writes a GC log (``-Xlog:gc``), from which W1 takes the
 total and the longest stop-the-world pause inside the steady batches (2 and later).
+``--pretouch`` starts every provider's worker JVM with ``-XX:+AlwaysPreTouch`` (see PRETOUCH).
 
 It prints one table per provider (a row per K: median trigger and commit, ``memoryUsedBytes``
 and the heap per key, GC pauses) and then the growth ratios, largest K over the one before it
@@ -71,6 +72,14 @@ GROWTH_LIMIT = 1.2
 """heapstate's median trigger and commit at the largest K, over those at the K before it."""
 PAUSE_LIMIT_MS = 50.0
 """heapstate's aim for the longest GC pause in the steady batches at the largest K."""
+PRETOUCH = "-XX:+AlwaysPreTouch"
+"""The JVM option of ``--pretouch``: the JVM writes each page of heap when it commits it, not
+when the program first uses it. Batch 0 loads all K keys and G1 grows the heap for it; without
+the option, the next batches pay the kernel's first-touch page faults on that new heap. Counted
+once for heapstate: about 20,000 minor faults (80 MB) in each of batches 1 to 5 at K=4M, about
+2,000 at K=1M, and those batches were the slow ones. The option moves that cost to the moment
+the heap grows, which for a provider whose heap grows in the steady batches (HDFS) lands in a GC
+pause there. Off by default: the default measures as BENCHMARKS.md's reference figures did."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -92,6 +101,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--jar", help="the heapstate jar (default: heapstate.jar_path())")
     parser.add_argument("--driver-memory", help="every run's driver heap (default: the size's)")
     parser.add_argument("--jvm", choices=["per-provider", "shared"], help="as in w1.py")
+    parser.add_argument(
+        "--pretouch",
+        action="store_true",
+        help=f"start every provider's worker JVM with {PRETOUCH} (see PRETOUCH in w5.py)",
+    )
     parser.add_argument("--maintenance-interval", help=f"sets {MAINTENANCE_CONF}")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--work-dir", help="where checkpoints go (default: a temporary folder)")
@@ -335,13 +349,14 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
 
+    java_options = [PRETOUCH] if args.pretouch else []
     runs: dict[str, dict[str, Any]] = {}
     failures: dict[str, str] = {}
     try:
         if args.jvm == "shared":
             jars = [jar_copy] if jar_copy is not None else []
             runs, failures = w1.run_shared(
-                python, specs, confs, work_root, log_dir, args.driver_memory, jars
+                python, specs, confs, work_root, log_dir, args.driver_memory, jars, java_options
             )
         for spec in specs if args.jvm == "per-provider" else ():
             name = spec["run_name"]
@@ -349,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
             jars = [jar_copy] if PROVIDERS[spec["provider"]].needs_jar and jar_copy else []
             try:
                 runs[name] = w1.run_provider(
-                    python, spec, work_root, log_dir, args.driver_memory, jars
+                    python, spec, work_root, log_dir, args.driver_memory, jars, java_options
                 )
             except RuntimeError as err:  # one run failing must not lose the others
                 failures[name] = str(err)
@@ -372,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     title = (
         f"\nW5 growth: K={', '.join(f'{k:,}' for k in args.keys)} P={args.payload} "
         f"U={args.updates:,} batches={args.batches}, Spark {environment['spark_version']}, "
-        f"driver {args.driver_memory}, JVM {args.jvm}"
+        f"driver {args.driver_memory}, JVM {args.jvm}, JVM options: "
+        f"{' '.join(java_options) or 'none'}"
     )
     print_report(title, summaries, growths, verdicts)
 
@@ -389,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "driver_memory": args.driver_memory,
         "jvm": args.jvm,
+        "java_options": java_options,
         "steady_from_batch": w1.STEADY_FROM,
         "heapstate_jar": jar_info,
         "python": python,

@@ -4,6 +4,7 @@ tables (``bench/report.py``), from small hand-written reports: no Spark, exact f
 from __future__ import annotations
 
 import datetime as dt
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ if str(BENCH) not in sys.path:
 
 import report  # bench/ is a folder of scripts, put on the path above
 import results_table
+from _common import pyspark_submit_args
 
 W1: dict[str, Any] = {
     "benchmark": "W1",
@@ -241,3 +243,35 @@ def test_newest_picks_by_size_and_timestamp(tmp_path: Path) -> None:
     assert report.newest(tmp_path, "W1", "default") == tmp_path / "w1-b.json"
     assert report.newest(tmp_path, "W1", "small") == tmp_path / "w1-c.json"
     assert report.newest(tmp_path, "W5", "full") is None
+
+
+def test_w5_heading_names_the_jvm_options() -> None:
+    w5: dict[str, Any] = {
+        "benchmark": "W5",
+        "size": "full",
+        "params": {"keys": [1000, 4000], "payload": 64, "updates": 10, "batches": 3},
+        "driver_memory": "12g",
+        "summary": {},
+    }
+    path = Path("w5.json")
+    before = "driver heap 12g, JVM options none (for every provider)."
+    assert before in report.w5_section(w5, path)[0]  # a report from before they were recorded
+    w5["java_options"] = ["-XX:+AlwaysPreTouch"]
+    after = "driver heap 12g, JVM options `-XX:+AlwaysPreTouch` (for every provider)."
+    assert after in report.w5_section(w5, path)[0]
+
+
+def test_pyspark_submit_args_quote_the_java_options_as_one_argument() -> None:
+    args = pyspark_submit_args(
+        "4g", gc_log=Path("/tmp/gc.log"), java_options=["-XX:+AlwaysPreTouch"]
+    )
+    assert shlex.split(args) == [
+        "--driver-memory",
+        "4g",
+        "--driver-java-options",
+        "-XX:+AlwaysPreTouch -Xlog:gc:file=/tmp/gc.log:timemillis",
+        "pyspark-shell",
+    ]
+    assert shlex.split(pyspark_submit_args("4g")) == ["--driver-memory", "4g", "pyspark-shell"]
+    with pytest.raises(SystemExit, match="each must be one word"):
+        pyspark_submit_args("4g", java_options=["-Xms1g -Xmx2g"])

@@ -76,10 +76,11 @@ PRETOUCH = "-XX:+AlwaysPreTouch"
 """The JVM option of ``--pretouch``: the JVM writes each page of heap when it commits it, not
 when the program first uses it. Batch 0 loads all K keys and G1 grows the heap for it; without
 the option, the next batches pay the kernel's first-touch page faults on that new heap. Counted
-once for heapstate: about 20,000 minor faults (80 MB) in each of batches 1 to 5 at K=4M, about
-2,000 at K=1M, and those batches were the slow ones. The option moves that cost to the moment
-the heap grows, which for a provider whose heap grows in the steady batches (HDFS) lands in a GC
-pause there. Off by default: the default measures as BENCHMARKS.md's reference figures did."""
+once for heapstate: 139,000 minor faults in batches 2 to 11 at K=4M against 57,000 at K=1M, and
+18,000 to 23,000 in each of batches 1 to 5 at K=4M, the slow ones. The option moves that cost
+to the moment the heap grows, which for a provider whose heap grows in the steady batches (HDFS)
+lands in a GC pause there. Off by default: the default measures as BENCHMARKS.md's reference
+figures did."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -681,8 +681,8 @@ def run_provider(
         phase_spec = {**spec, **extra, "out": str(work_root / f"{name}.{phase}.json")}
         spec_path = _spec_file(work_root, f"{name}.{phase}", phase_spec)
         gc_log = log_dir / f"{name}.{phase}.gc.log"
-        args = pyspark_submit_args(driver_memory, jars, gc_log, java_options)
-        env = {"PYSPARK_SUBMIT_ARGS": args}
+        submit_args = pyspark_submit_args(driver_memory, jars, gc_log, java_options)
+        env = {"PYSPARK_SUBMIT_ARGS": submit_args}
         run_worker(python, SCRIPT, ["--worker", worker, "--spec", str(spec_path)], log, env)
         result = json.loads(Path(phase_spec["out"]).read_text())
         if worker == "restart":

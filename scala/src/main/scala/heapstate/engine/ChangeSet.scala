@@ -15,27 +15,42 @@ final class ChangeSet(live: LiveState) {
 
   /** Every put and remove the batch made, squashed or not. */
   var operations = 0L
-  /** Keys added minus keys removed, against the live state. */
-  var keyDelta = 0L
   /** Estimated heap bytes held by the changes. */
   var bytes = 0L
 
   def size: Int = entries.size
   def isEmpty: Boolean = entries.isEmpty
 
+  /**
+   * Keys added minus keys removed, against the live state: one look-up per changed key, so for
+   * metrics asked for before the commit (Spark asks after it), not for every operation.
+   */
+  def keyDelta: Long = {
+    var delta = 0L
+    foreach { (key, value) =>
+      val inLive = live.contains(key)
+      if (Tombstone.is(value)) { if (inLive) delta -= 1 }
+      else if (!inLive) delta += 1
+    }
+    delta
+  }
+
   /** The batch's value for `probe`: `null` when unchanged, [[Tombstone]] when removed. */
   def lookup(probe: AnyRef): Array[Byte] = entries.get(probe)
 
+  /**
+   * Does not look at the live state: whether the key is new only matters to [[keyDelta]], and
+   * the commit looks each changed key up anyway. A look-up in a table of millions of keys is a
+   * cache miss or two, the larger part of a put's cost.
+   */
   def put(key: Key, value: Array[Byte]): Unit = {
     operations += 1
     val previous = entries.put(key, value)
     if (previous == null) {
       bytes += MemoryModel.changeEntry(key, value)
-      if (!live.contains(key)) keyDelta += 1
       indexPrefix(key)
     } else {
       bytes += value.length - previous.length
-      if (Tombstone.is(previous)) keyDelta += 1
     }
   }
 
@@ -47,11 +62,9 @@ final class ChangeSet(live: LiveState) {
       if (inLive) {
         entries.put(key, Tombstone.bytes)
         bytes += MemoryModel.changeEntry(key, Tombstone.bytes)
-        keyDelta -= 1
         indexPrefix(key)
       }
     } else if (!Tombstone.is(previous)) {
-      keyDelta -= 1
       if (inLive) {
         entries.put(key, Tombstone.bytes)
         bytes -= previous.length
@@ -87,7 +100,7 @@ final class ChangeSet(live: LiveState) {
     while (it.hasNext) { val e = it.next(); f(e.getKey.asInstanceOf[Key], e.getValue) }
   }
 
-  def clear(): Unit = { entries.clear(); byPrefix.foreach(_.clear()); bytes = 0; keyDelta = 0 }
+  def clear(): Unit = { entries.clear(); byPrefix.foreach(_.clear()); bytes = 0 }
 
   /** Drops the changes and the memory behind them, once they are committed; counters stay. */
   def release(): Unit = { entries = new JHashMap[AnyRef, Array[Byte]](); byPrefix.foreach(_.clear()) }

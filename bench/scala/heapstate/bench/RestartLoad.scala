@@ -37,10 +37,17 @@ import org.apache.spark.unsafe.types.UTF8String
  * Prints each run's wall time, the GC pause time inside it, and the median per provider, with
  * its ratio to HDFS's. The providers are HDFS and heapstate unless `--providers` says otherwise.
  *
- * `--stage` stops heapstate's load part of the way, to see where a cold load's time goes: `parse`
- * reads every file of the partition (decompressing, checking and parsing it) and drops each
- * record's entry array; `table` also keeps every entry in an `EntryTable`, with no provider,
- * engine or memory accounting; `full`, the default, is `getStore`. Only `full` applies to HDFS.
+ * `--stage` stops heapstate's load part of the way, to see where a cold load's time goes:
+ *  - `parse` reads every file of the partition (decompressing, checking and parsing it) and drops
+ *    each record's entry array;
+ *  - `keep` also keeps every entry array, in a list (the cost of holding the state: GC copying
+ *    and fresh heap pages), with no hash table;
+ *  - `table` keeps every entry in an `EntryTable`, grown from empty as a rebuild grows it, with no
+ *    provider, engine or memory accounting; `sized` does the same in a table sized up front for
+ *    the partition's keys (what knowing the key count before reading would save);
+ *  - `arena` probes a bulk-loading design instead ([[ArenaProbe]]): entries copied into chunks
+ *    the size of a G1 region, indexed by (chunk, offset);
+ *  - `full`, the default, is `getStore`. Only `full` applies to HDFS.
  * {{{
  *   bin/sbt "bench/runMain heapstate.bench.RestartLoad --providers heapstate --stage parse --runs 5"
  * }}}
@@ -67,7 +74,7 @@ object RestartLoad {
       s"--stage $stage looks inside heapstate's load; run it with --providers heapstate")
     opts.get("phase") match {
       case Some("build") => build(providers.head, opts("root"), keys, journals, updates)
-      case Some("load") => load(providers.head, opts("root"), journals + 1, stage, opts("out"))
+      case Some("load") => load(providers.head, opts("root"), journals + 1, stage, keys / Partitions, opts("out"))
       case _ =>
         val root = Files.createTempDirectory("restart-load")
         val walls = mutable.LinkedHashMap.empty[String, Seq[Long]]
@@ -94,7 +101,7 @@ object RestartLoad {
     }
   }
 
-  private val Stages = Seq("parse", "table", "full")
+  private val Stages = Seq("parse", "keep", "table", "sized", "arena", "full")
 
   private def report(
       walls: mutable.LinkedHashMap[String, Seq[Long]], keys: Int, journals: Int, updates: Int, stage: String): Unit = {
@@ -157,24 +164,35 @@ object RestartLoad {
   }
 
   /**
-   * One partition's heapstate files, loaded up to `stage` (see the class comment); returns the
-   * records read (`parse`) or the keys kept (`table`).
+   * One partition's heapstate files, loaded up to `stage` (see the class comment) by a table
+   * sized, where the stage says so, for `keysPerPartition`; returns the records read (`parse`) or
+   * the entries kept (the other stages).
    */
-  private def loadStage(root: String, part: Int, stage: String): Long = {
-    import heapstate.io.StateFiles
-    val files = new StateFiles(new org.apache.hadoop.fs.Path(s"$root/0/$part"), new Configuration(), part)
-    val table = new heapstate.engine.EntryTable()
+  private def loadStage(root: String, part: Int, stage: String, keysPerPartition: Int): Long = {
+    import heapstate.engine.{Entry, EntryTable, Key}
+    val files = new heapstate.io.StateFiles(new org.apache.hadoop.fs.Path(s"$root/0/$part"), new Configuration(), part)
     var n = 0L
-    for (f <- files.list()) stage match {
-      case "parse" => files.readEntries(f)(_ => n += 1, _ => n += 1)
-      case "table" =>
-        files.readEntries(f)(e => table.put(e, heapstate.engine.Entry.keyHash(e)), k => table.remove(heapstate.engine.Key(k)))
+    def each(onEntry: Array[Byte] => Unit, onDelete: Array[Byte] => Unit): Unit =
+      files.list().foreach(f => files.readEntries(f)(onEntry, onDelete))
+    stage match {
+      case "parse" => each(_ => n += 1, _ => n += 1)
+      case "keep" =>
+        val kept = new java.util.ArrayList[Array[Byte]]()
+        each(kept.add(_), _ => ())
+        n = kept.size
+      case "table" | "sized" =>
+        val table = new EntryTable(if (stage == "sized") keysPerPartition else 16)
+        each(e => table.put(e, Entry.keyHash(e)), k => table.remove(Key(k)))
         n = table.size
+      case "arena" =>
+        val arena = new ArenaProbe(keysPerPartition)
+        each(arena.put, arena.remove)
+        n = arena.size
     }
     n
   }
 
-  private def load(p: Provider, root: String, version: Int, stage: String, out: String): Unit = {
+  private def load(p: Provider, root: String, version: Int, stage: String, keysPerPartition: Int, out: String): Unit = {
     val scratch = Files.createTempDirectory("restart-load-warm-up")
     val warm = open(p, scratch.toString, 0)
     for (v <- 0 until 2) {
@@ -193,7 +211,7 @@ object RestartLoad {
     val start = System.nanoTime()
     val loaded = (0 until Partitions).map { part =>
       pool.submit(new Callable[Long] {
-        def call(): Long = if (stage != "full") loadStage(root, part, stage) else {
+        def call(): Long = if (stage != "full") loadStage(root, part, stage, keysPerPartition) else {
           val store = open(p, root, part).getStore(version)
           val n = store.metrics.numKeys
           store.abort()
@@ -208,4 +226,64 @@ object RestartLoad {
     println(f"${p.name}%-18s load wall $wall%5d ms (GC pauses $gc%4d ms), $loaded%,d $what")
     Files.writeString(Paths.get(out), wall.toString)
   }
+}
+
+/**
+ * A probe of a bulk-loading design, for `--stage arena`: each entry (`Entry`'s layout) is copied
+ * into the current chunk, a byte array one G1 region long less its header. An array that large is
+ * humongous: G1 allocates it straight into the old generation and no young collection copies it.
+ * An open-addressing index, sized up front as `EntryTable` sizes it, holds each key's hash and a
+ * reference: (chunk << 32 | offset) + 1, so that 0 is a never-used slot; -1 marks a removed key.
+ * It only loads: enough to time a load, no reads or snapshots.
+ */
+private final class ArenaProbe(expectedKeys: Int) {
+  import org.apache.spark.unsafe.Platform
+  import org.apache.spark.unsafe.array.ByteArrayMethods
+  import heapstate.engine.Key
+
+  private val chunkBytes = {
+    val hotspot = java.lang.management.ManagementFactory.getPlatformMXBean(
+      classOf[com.sun.management.HotSpotDiagnosticMXBean])
+    (hotspot.getVMOption("G1HeapRegionSize").getValue.toLong - 16).toInt
+  }
+  private val chunks = mutable.ArrayBuffer(new Array[Byte](chunkBytes))
+  private var pos = 0
+  private val mask = heapstate.engine.EntryTable.capacityFor(expectedKeys) - 1
+  private val refs = new Array[Long](mask + 1)
+  private val hashes = new Array[Int](mask + 1)
+  var size = 0
+
+  def put(entry: Array[Byte]): Unit = {
+    require(entry.length <= chunkBytes, s"an entry of ${entry.length} bytes does not fit a chunk")
+    if (pos + entry.length > chunkBytes) { chunks += new Array[Byte](chunkBytes); pos = 0 }
+    System.arraycopy(entry, 0, chunks.last, pos, entry.length)
+    val ref = (((chunks.length - 1).toLong << 32) | pos) + 1
+    pos += entry.length
+    val keyLength = Platform.getInt(entry, Platform.BYTE_ARRAY_OFFSET)
+    val hash = Key.hash(entry, Platform.BYTE_ARRAY_OFFSET + 4, keyLength)
+    var i = hash & mask
+    while (refs(i) != 0) {
+      if (holds(i, hash, entry, Platform.BYTE_ARRAY_OFFSET + 4, keyLength)) { refs(i) = ref; return }
+      i = (i + 1) & mask
+    }
+    refs(i) = ref; hashes(i) = hash; size += 1
+  }
+
+  def remove(key: Array[Byte]): Unit = {
+    val hash = Key.hash(key, Platform.BYTE_ARRAY_OFFSET, key.length)
+    var i = hash & mask
+    while (refs(i) != 0) {
+      if (holds(i, hash, key, Platform.BYTE_ARRAY_OFFSET, key.length)) { refs(i) = -1; size -= 1; return }
+      i = (i + 1) & mask
+    }
+  }
+
+  /** Whether slot `i` holds a live entry whose key is the `length` bytes at `base`/`offset`. */
+  private def holds(i: Int, hash: Int, base: AnyRef, offset: Long, length: Int): Boolean = refs(i) > 0 &&
+    hashes(i) == hash && {
+      val r = refs(i) - 1
+      val chunk = chunks((r >>> 32).toInt)
+      val at = Platform.BYTE_ARRAY_OFFSET + (r & 0xffffffffL)
+      Platform.getInt(chunk, at) == length && ByteArrayMethods.arrayEquals(chunk, at + 4, base, offset, length)
+    }
 }

@@ -7,6 +7,7 @@ import java.lang.management.ManagementFactory
 import java.nio.file.{Files, Paths}
 
 import scala.collection.mutable
+import scala.jdk.CollectionConverters._
 
 import com.fasterxml.jackson.databind.ObjectMapper
 import org.apache.spark.sql.SparkSession
@@ -27,7 +28,11 @@ import org.apache.spark.sql.execution.streaming.state._
  * {{{
  *   bin/sbt "bench/run --size small"
  *   bin/sbt "bench/run --size full --providers hdfs,heapstate"
+ *   bin/sbt "bench/runMain heapstate.bench.W3StoreOps --size full --rounds 3"
  * }}}
+ * `--rounds N` runs every provider N times, taking turns, and reports each figure's median over
+ * the rounds (the JSON keeps every round's value): on a shared machine one JVM's figures can be
+ * off by 2x, and a ratio between two single JVMs run minutes apart inherits that.
  */
 object W3StoreOps {
   final case class Size(keys: Seq[Int], ops: Int, updatesPerCycle: Int, warmups: Int, runs: Int, cycles: Int)
@@ -46,9 +51,14 @@ object W3StoreOps {
       case Some(out) => runWorker(providers.head, size, Paths.get(out))
       case None =>
         // One JVM per provider: a store call site that has seen only one class is inlined by the
-        // JIT, so providers sharing a JVM would be measured under different conditions.
-        val results = mutable.LinkedHashMap.empty[(String, Int), Map[String, Double]]
-        for (p <- providers) {
+        // JIT, so providers sharing a JVM would be measured under different conditions. With
+        // several rounds the providers take turns, so that a slow spell of the machine (their
+        // figures swing by up to 2x from one minute to the next here) falls on all of them.
+        val rounds = opts.getOrElse("rounds", "1").toInt
+        require(rounds >= 1, s"--rounds must be at least 1, not $rounds")
+        val results = mutable.LinkedHashMap.empty[(String, Int), Seq[Map[String, Double]]]
+        for (round <- 1 to rounds; p <- providers) {
+          if (rounds > 1) System.err.println(s"[w3] round $round of $rounds: ${p.name}")
           val out = Files.createTempFile(s"w3-${p.name}", ".json")
           val cmd = Seq(javaBin, "-Xms6g", "-Xmx6g") ++ jvmOpens ++ Seq("-cp", System.getProperty("java.class.path"),
             "heapstate.bench.W3StoreOps", "--size", sizeName, "--providers", p.name, "--worker", out.toString)
@@ -59,10 +69,11 @@ object W3StoreOps {
             val keys = e.getKey.toInt
             val figs = mutable.LinkedHashMap.empty[String, Double]
             e.getValue.fields().forEachRemaining(f => figs(f.getKey) = f.getValue.asDouble)
-            results((p.name, keys)) = figs.toMap
+            results((p.name, keys)) = results.getOrElse((p.name, keys), Nil) :+ figs.toMap
           }
+          Files.delete(out)
         }
-        report(results.toMap, providers.map(_.name), size, sizeName, outFile(opts, "w3"))
+        report(results.toMap, providers.map(_.name), size, sizeName, rounds, outFile(opts, "w3"))
     }
   }
 
@@ -152,8 +163,10 @@ object W3StoreOps {
       "heap_bytes_per_key" -> heapPerKey, "memory_used_bytes" -> memoryUsed)
   }
 
-  private def report(results: Map[(String, Int), Map[String, Double]], names: Seq[String], size: Size, sizeName: String,
-      file: java.nio.file.Path): Unit = {
+  /** Prints and writes the figures: each the median over the rounds, every round's value kept in the JSON. */
+  private def report(rounds: Map[(String, Int), Seq[Map[String, Double]]], names: Seq[String], size: Size,
+      sizeName: String, roundCount: Int, file: java.nio.file.Path): Unit = {
+    val results = rounds.map { case (at, figs) => at -> figs.head.keys.map(k => k -> median(figs.map(_(k)))).toMap }
     val figures = Seq(
       ("get ops/ms", "get_ops_per_ms", true), ("update ops/ms", "update_ops_per_ms", true),
       ("put (new key) ops/ms", "put_ops_per_ms", true), ("remove ops/ms", "remove_ops_per_ms", true),
@@ -162,7 +175,8 @@ object W3StoreOps {
       ("memoryUsedBytes", "memory_used_bytes", false))
     for (keys <- size.keys) {
       println()
-      println(f"W3 store operations, K=$keys%,d keys, ${math.min(size.ops, keys)}%,d ops per run, median of ${size.runs} runs after ${size.warmups} warm-ups")
+      println(f"W3 store operations, K=$keys%,d keys, ${math.min(size.ops, keys)}%,d ops per run, median of ${size.runs} runs after ${size.warmups} warm-ups" +
+        (if (roundCount > 1) s"; median of $roundCount rounds, the providers taking turns" else ""))
       println(("figure" +: names).map(n => f"$n%-22s").mkString(" ") + "   (ratio to hdfs; for ops/ms, time per op = 1/ratio)")
       for ((label, key, _) <- figures) {
         val base = results.get(("hdfs", keys)).map(_(key))
@@ -182,11 +196,15 @@ object W3StoreOps {
     json.put("java", System.getProperty("java.version"))
     json.put("ops_per_run", Int.box(size.ops))
     json.put("updates_per_cycle", Int.box(size.updatesPerCycle))
+    json.put("rounds", Int.box(roundCount))
     val rows = new java.util.ArrayList[AnyRef]()
     for (((name, keys), figs) <- results) {
       val row = new java.util.LinkedHashMap[String, AnyRef]()
       row.put("provider", name); row.put("keys", Int.box(keys))
       figs.foreach { case (k, v) => row.put(k, Double.box(v)) }
+      val each = new java.util.LinkedHashMap[String, AnyRef]()
+      figs.keys.foreach(k => each.put(k, rounds((name, keys)).map(r => Double.box(r(k))).asJava))
+      row.put("rounds", each)
       rows.add(row)
     }
     json.put("results", rows)

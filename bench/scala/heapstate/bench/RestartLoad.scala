@@ -181,7 +181,7 @@ object RestartLoad {
         each(kept.add(_), _ => ())
         n = kept.size
       case "table" | "sized" =>
-        val table = new EntryTable(if (stage == "sized") keysPerPartition else 16)
+        val table = if (stage == "sized") new EntryTable(keysPerPartition) else new EntryTable()
         each(e => table.put(e, Entry.keyHash(e)), k => table.remove(Key(k)))
         n = table.size
       case "arena" =>

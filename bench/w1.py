@@ -84,6 +84,11 @@ SCRIPT = Path(__file__).resolve()
 STEADY_FROM = 2
 """Trigger and commit figures are taken over batches with this id and later: batch 0 loads every
 key and batch 1 is the first to update them (class loading, JIT, first delta)."""
+PRETOUCH = "-XX:+AlwaysPreTouch"
+"""The JVM option of ``--pretouch``: the JVM writes each page of heap when it commits it, not
+when the program first uses it, so the kernel's first-touch page faults land when the heap grows
+(at start, or in the GC pause that grows it) instead of in the batches that first use the pages.
+Off by default: the default measures as BENCHMARKS.md's reference figures did."""
 
 
 @dataclass(frozen=True)
@@ -616,6 +621,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="each provider in its own Python and JVM (the default but for --size small), or "
         "all in one (quicker; heap figures then include what earlier providers left behind)",
     )
+    parser.add_argument(
+        "--pretouch",
+        action="store_true",
+        help=f"start every worker JVM with {PRETOUCH} (see PRETOUCH in w1.py)",
+    )
+    parser.add_argument(
+        "--java-option",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="an extra option for every worker JVM, such as -Xms6g (repeatable; one word each)",
+    )
     parser.add_argument("--maintenance-interval", help=f"sets {MAINTENANCE_CONF}")
     parser.add_argument(
         "--conf",
@@ -792,6 +809,7 @@ def main(argv: list[str] | None = None) -> int:
 
     runs: dict[str, dict[str, Any]] = {}
     failures: dict[str, str] = {}
+    java_options = [*args.java_option, *([PRETOUCH] if args.pretouch else [])]
     specs = [
         {
             **params,
@@ -810,13 +828,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.jvm == "shared":
             jars = [jar_copy] if jar_copy is not None else []
             runs, failures = run_shared(
-                python, specs, confs, work_root, log_dir, args.driver_memory, jars
+                python, specs, confs, work_root, log_dir, args.driver_memory, jars, java_options
             )
         for provider, spec in zip(providers, specs) if args.jvm == "per-provider" else ():
             jars = [jar_copy] if provider.needs_jar and jar_copy is not None else []
             try:
                 runs[provider.name] = run_provider(
-                    python, spec, work_root, log_dir, args.driver_memory, jars
+                    python, spec, work_root, log_dir, args.driver_memory, jars, java_options
                 )
             except RuntimeError as err:  # one provider failing must not lose the others
                 failures[provider.name] = str(err)
@@ -836,6 +854,7 @@ def main(argv: list[str] | None = None) -> int:
         f"batches={args.batches}, Spark {environment['spark_version']}, "
         f"driver {args.driver_memory}, restart {args.restart}, JVM {args.jvm}"
         + (" after warm-up" if args.restart == "fresh-process" and args.restart_warmup else "")
+        + (f", JVM options {' '.join(java_options)}" if java_options else "")
     )
     print_comparison(title, METRICS, summaries)
     verdicts = targets(summaries)
@@ -851,6 +870,7 @@ def main(argv: list[str] | None = None) -> int:
         "restart_mode": args.restart,
         "jvm": args.jvm,
         "restart_warmup": args.restart_warmup and args.restart == "fresh-process",
+        "java_options": java_options,
         "steady_from_batch": STEADY_FROM,
         "maintenance_interval": {n: r.get("maintenance_interval") for n, r in runs.items()},
         "heapstate_jar": jar_info,

@@ -114,9 +114,39 @@ def jar_has_provider(jar: Path) -> bool:
         return False
 
 
+def newer_sources(than: Path) -> list[Path]:
+    """The build's sources (``scala/``, ``build.sbt`` and ``project/`` without sbt's own output,
+    as ``bin/setup`` checks them) modified after the file ``than``, newest first."""
+
+    def is_source(f: Path) -> bool:
+        top, *dirs = f.relative_to(REPO_DIR).parts[:-1] or ("",)
+        output = {"target", "project"} if top == "project" else {"target"}
+        return f.is_file() and not output.intersection(dirs)
+
+    stamp = than.stat().st_mtime
+    candidates = [REPO_DIR / "build.sbt"]
+    for root in (REPO_DIR / "scala", REPO_DIR / "project"):
+        candidates += root.rglob("*") if root.is_dir() else []
+    newer = [f for f in candidates if is_source(f) and f.stat().st_mtime > stamp]
+    return sorted(newer, key=lambda f: f.stat().st_mtime, reverse=True)
+
+
+def _refuse_stale(jar: Path) -> None:
+    """A benchmark must measure the code it is run from: the installed jar is only rebuilt by
+    ``bin/setup``, so after a change to the Scala sources it still holds the old provider."""
+    newer = newer_sources(jar)
+    if newer:
+        raise SystemExit(
+            f"the heapstate jar {jar} is older than the sources it is built from "
+            f"({len(newer)} newer, the newest {newer[0].relative_to(REPO_DIR)}): run bin/setup "
+            "to rebuild and reinstall it, or pass --jar to measure that jar anyway"
+        )
+
+
 def resolve_jar(explicit: str | None, python: str) -> Path:
     """Find the heapstate jar: ``--jar``, then the ``heapstate`` package of ``python``, then the
-    build output ``target/heapstate.jar``. The first candidate holding the provider class wins."""
+    build output ``target/heapstate.jar``. The first candidate holding the provider class wins;
+    without ``--jar``, it must not be older than the Scala sources (see ``_refuse_stale``)."""
     candidates: list[Path] = []
     if explicit:
         candidates.append(Path(explicit))
@@ -132,6 +162,8 @@ def resolve_jar(explicit: str | None, python: str) -> Path:
         candidates.append(REPO_JAR)
     for jar in candidates:
         if jar_has_provider(jar):
+            if not explicit:
+                _refuse_stale(jar)
             return jar.resolve()
     tried = ", ".join(str(c) for c in candidates)
     raise SystemExit(

@@ -15,7 +15,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
-import report  # bench/ is a folder of scripts, put on the path above
+import _common  # bench/ is a folder of scripts, put on the path above
+import report
 import results_table
 from _common import pyspark_submit_args
 
@@ -275,3 +276,47 @@ def test_pyspark_submit_args_quote_the_java_options_as_one_argument() -> None:
     assert shlex.split(pyspark_submit_args("4g")) == ["--driver-memory", "4g", "pyspark-shell"]
     with pytest.raises(SystemExit, match="each must be one word"):
         pyspark_submit_args("4g", java_options=["-Xms1g -Xmx2g"])
+
+
+def test_a_jar_older_than_the_scala_sources_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The benchmarks measure the installed jar, which only ``bin/setup`` rebuilds: after a change
+    to the sources it must be refused, naming the jar and the newest source; sbt's own output
+    under ``project/`` and ``target/`` does not count."""
+    import os
+
+    monkeypatch.setattr(_common, "REPO_DIR", tmp_path)
+    files = {
+        "build.sbt": 100,
+        "scala/src/main/scala/heapstate/A.scala": 300,
+        "scala/src/main/scala/heapstate/B.scala": 200,
+        "project/build.properties": 100,
+        "project/target/streams/x": 900,
+        "project/project/target/y": 900,
+        "scala/target/z.class": 900,
+    }
+    for name, mtime in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(name)
+        os.utime(path, (mtime, mtime))
+    jar = tmp_path / "heapstate.jar"
+    jar.write_bytes(b"jar")
+    os.utime(jar, (150, 150))
+
+    newer = _common.newer_sources(jar)
+    assert [f.relative_to(tmp_path).as_posix() for f in newer] == [
+        "scala/src/main/scala/heapstate/A.scala",
+        "scala/src/main/scala/heapstate/B.scala",
+    ]
+    with pytest.raises(SystemExit) as refused:
+        _common._refuse_stale(jar)
+    assert str(refused.value) == (
+        f"the heapstate jar {jar} is older than the sources it is built from (2 newer, the "
+        "newest scala/src/main/scala/heapstate/A.scala): run bin/setup to rebuild and reinstall "
+        "it, or pass --jar to measure that jar anyway"
+    )
+    os.utime(jar, (400, 400))
+    assert _common.newer_sources(jar) == []
+    _common._refuse_stale(jar)  # a jar newer than every source is measured

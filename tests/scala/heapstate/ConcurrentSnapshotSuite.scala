@@ -31,7 +31,7 @@ class ConcurrentSnapshotSuite extends AnyFunSuite {
     engine.ensureAt(0)
     // Start with a state large enough that a snapshot takes a while.
     val warm = new ChangeSet(engine.live)
-    (0 until 50000).foreach { i => warm.put(key(i), value(i)); model += i -> i.toLong }
+    (0 until 50000).foreach { i => val k = key(i); warm.put(k, Entry(k.bytes, value(i))); model += i -> i.toLong }
     engine.commit(0, warm); models(1L) = model
     val stop = new AtomicBoolean(false)
     val written = mutable.ArrayBuffer.empty[Long]
@@ -41,7 +41,8 @@ class ConcurrentSnapshotSuite extends AnyFunSuite {
       val cs = new ChangeSet(engine.live)
       for (_ <- 0 until 500) {
         val k = rng.nextInt(60000)
-        if (rng.nextInt(4) == 0) { cs.remove(key(k)); model -= k } else { val x = rng.nextLong(); cs.put(key(k), value(x)); model += k -> x }
+        if (rng.nextInt(4) == 0) { cs.remove(key(k)); model -= k }
+        else { val x = rng.nextLong(); val kk = key(k); cs.put(kk, Entry(kk.bytes, value(x))); model += k -> x }
       }
       engine.commit(v, cs); models(v + 1) = model
     }

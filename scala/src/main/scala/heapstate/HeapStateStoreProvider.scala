@@ -205,7 +205,6 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
 
   private def keyRow(bytes: Array[Byte]): UnsafeRow = { val r = new UnsafeRow(keyFields); r.pointTo(bytes, bytes.length); r }
   private def valueRow(bytes: Array[Byte]): UnsafeRow = { val r = new UnsafeRow(valueFields); r.pointTo(bytes, bytes.length); r }
-  private def pair(key: Array[Byte], value: Array[Byte]) = new UnsafeRowPair(keyRow(key), valueRow(value))
 
   /** Rows that point into a live [[Entry]] (entries are immutable, so nothing is copied). */
   private def valueRowOf(entry: Array[Byte]): UnsafeRow = {
@@ -262,7 +261,7 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       val probe = new KeyProbe(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes)
       val changed = if (changes.isEmpty) null else changes.lookup(probe)
       if (changed != null) {
-        if (Tombstone.is(changed)) null else valueRow(changed)
+        if (Tombstone.is(changed)) null else valueRowOf(changed)
       } else {
         val entry = live.get(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes, probe.hashCode)
         if (entry == null) null else valueRowOf(entry)
@@ -272,9 +271,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
     override def put(key: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit = {
       requireWritable("put"); requireDefaultFamily(colFamilyName)
       if (key == null || value == null) throw new IllegalArgumentException("heapstate: null key or value in put")
-      val bytes = new Array[Byte](value.getSizeInBytes)
-      value.writeToMemory(bytes, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET)
-      changes.put(Key.copyOf(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes), bytes)
+      val k = Key.copyOf(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes)
+      changes.put(k, Entry.copyOf(k.bytes, value.getBaseObject, value.getBaseOffset, value.getSizeInBytes))
     }
 
     override def remove(key: UnsafeRow, colFamilyName: String): Unit = {
@@ -289,7 +287,7 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       val changed = changes.copy()
       val fromChanges = changed.entrySet().iterator().asScala
         .filter(e => !Tombstone.is(e.getValue))
-        .map(e => pair(e.getKey.asInstanceOf[Key].bytes, e.getValue))
+        .map(e => pairOf(e.getValue))
       val fromLive = live.table.iterator
         .filter(e => changed.isEmpty || !changed.containsKey(new EntryKeyProbe(e)))
         .map(pairOf)
@@ -303,7 +301,7 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       val changedSet = new java.util.HashSet[Key](java.util.Arrays.asList(changedKeys: _*))
       val fromChanges = changedKeys.iterator.flatMap { k =>
         val v = changes.lookup(k)
-        if (v == null || Tombstone.is(v)) None else Some(pair(k.bytes, v))
+        if (v == null || Tombstone.is(v)) None else Some(pairOf(v))
       }.toArray
       val fromLive = live.keysWithPrefix(prefix).iterator().asScala
         .filter(k => !changedSet.contains(k))

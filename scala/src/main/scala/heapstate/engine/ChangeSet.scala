@@ -7,6 +7,9 @@ import java.util.{HashMap => JHashMap, HashSet => JHashSet}
  * Each changed key appears once, with its last value or a [[Tombstone]] (squashing): a key
  * written a hundred times costs one journal record. A key that the batch both created and
  * removed leaves no trace at all.
+ *
+ * A value is held as the key's whole [[Entry]], built once when the batch writes it: the journal
+ * writes it as it is, and the commit stores that same immutable array in the live table.
  */
 final class ChangeSet(live: LiveState) {
   private var entries = new JHashMap[AnyRef, Array[Byte]]()
@@ -35,22 +38,24 @@ final class ChangeSet(live: LiveState) {
     delta
   }
 
-  /** The batch's value for `probe`: `null` when unchanged, [[Tombstone]] when removed. */
+  /** The batch's [[Entry]] for `probe`: `null` when unchanged, [[Tombstone]] when removed. */
   def lookup(probe: AnyRef): Array[Byte] = entries.get(probe)
 
   /**
+   * Records `entry`, the [[Entry]] of `key` and its new value, as the key's change.
+   *
    * Does not look at the live state: whether the key is new only matters to [[keyDelta]], and
    * the commit looks each changed key up anyway. A look-up in a table of millions of keys is a
    * cache miss or two, the larger part of a put's cost.
    */
-  def put(key: Key, value: Array[Byte]): Unit = {
+  def put(key: Key, entry: Array[Byte]): Unit = {
     operations += 1
-    val previous = entries.put(key, value)
+    val previous = entries.put(key, entry)
     if (previous == null) {
-      bytes += MemoryModel.changeEntry(key, value)
+      bytes += MemoryModel.changeEntry(key, entry)
       indexPrefix(key)
     } else {
-      bytes += value.length - previous.length
+      bytes += MemoryModel.changeEntry(key, entry) - MemoryModel.changeEntry(key, previous)
     }
   }
 
@@ -67,7 +72,7 @@ final class ChangeSet(live: LiveState) {
     } else if (!Tombstone.is(previous)) {
       if (inLive) {
         entries.put(key, Tombstone.bytes)
-        bytes -= previous.length
+        bytes += MemoryModel.changeEntry(key, Tombstone.bytes) - MemoryModel.changeEntry(key, previous)
       } else {
         entries.remove(key)
         bytes -= MemoryModel.changeEntry(key, previous)

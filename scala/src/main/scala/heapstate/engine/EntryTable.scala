@@ -178,11 +178,15 @@ object Entry {
   private val Base = Platform.BYTE_ARRAY_OFFSET
   val HeaderBytes = 4
 
-  def apply(key: Array[Byte], value: Array[Byte]): Array[Byte] = {
-    val e = new Array[Byte](HeaderBytes + key.length + value.length)
+  def apply(key: Array[Byte], value: Array[Byte]): Array[Byte] =
+    copyOf(key, value, Platform.BYTE_ARRAY_OFFSET, value.length)
+
+  /** An entry of `key` and the `valueLength` bytes at `valueBase`/`valueOffset` (an `UnsafeRow`'s). */
+  def copyOf(key: Array[Byte], valueBase: AnyRef, valueOffset: Long, valueLength: Int): Array[Byte] = {
+    val e = new Array[Byte](HeaderBytes + key.length + valueLength)
     Platform.putInt(e, Base, key.length)
     System.arraycopy(key, 0, e, HeaderBytes, key.length)
-    System.arraycopy(value, 0, e, HeaderBytes + key.length, value.length)
+    Platform.copyMemory(valueBase, valueOffset, e, Base + HeaderBytes + key.length, valueLength)
     e
   }
 

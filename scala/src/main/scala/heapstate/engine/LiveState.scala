@@ -79,8 +79,8 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     }
     undo.put(newVersion, entry) // published before any change to `table`
     undoBytes += entryBytes
-    changes.foreach { (key, value) =>
-      if (Tombstone.is(value)) remove(key.bytes, key.hashCode) else store(Entry(key.bytes, value), key.hashCode)
+    changes.foreach { (key, changed) => // the change set's own entries go into the table, uncopied
+      if (Tombstone.is(changed)) remove(key.bytes, key.hashCode) else store(changed, key.hashCode)
     }
     version = newVersion
     dropUndoUpTo(keepUndoAbove)

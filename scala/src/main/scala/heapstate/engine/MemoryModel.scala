@@ -12,9 +12,12 @@ object MemoryModel {
   /** One [[Entry]] array; the table's slots are counted by [[EntryTable.tableBytes]]. */
   def liveEntry(entry: Array[Byte]): Long = array(entry.length)
 
-  /** A HashMap node and table share; the key is shared with the live map. */
-  def changeEntry(key: Key, value: Array[Byte]): Long =
-    40 + array(key.bytes.length) + 24 + (if (Tombstone.is(value)) 0 else array(value.length))
+  /**
+   * A change: HashMap node and table share, the [[Key]] and its bytes, and the new [[Entry]]
+   * (which the live table takes over at the commit), or nothing for a [[Tombstone]].
+   */
+  def changeEntry(key: Key, entry: Array[Byte]): Long =
+    40 + array(key.bytes.length) + 24 + (if (Tombstone.is(entry)) 0 else array(entry.length))
 
   /** An undo record: HashMap node and table share, and the key; old entries are kept alive. */
   def undoEntry(prior: Array[Byte]): Long = 64 + (if (Tombstone.is(prior)) 0 else array(prior.length))

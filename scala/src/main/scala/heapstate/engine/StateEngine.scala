@@ -175,8 +175,8 @@ final class StateEngine(
     val newVersion = baseVersion + 1
     val liveBaseId = if (newId.isDefined) Option(lineageIds.get(baseVersion)) else None
     val bytes = files.write(Journal, newVersion, settings.codec, newId, liveBaseId) { w =>
-      changes.foreach { (key, value) =>
-        if (Tombstone.is(value)) w.delete(key.bytes) else w.put(key.bytes, value)
+      changes.foreach { (key, entry) =>
+        if (Tombstone.is(entry)) w.delete(key.bytes) else w.putEntry(entry)
       }
     }
     // In format v2 a re-run writes a file of its own id, and no older file describes it.

@@ -62,6 +62,7 @@ from _common import (
     fmt_ms,
     fmt_ms_fine,
     gc_pauses,
+    heap_after_full_gcs,
     host_info,
     jvm_heap_after_gc,
     maximum,
@@ -431,8 +432,8 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
             run.get("gc_pauses", []), b["start_epoch_ms"], b["end_epoch_ms"]
         )
     ]
-    heap_after = run.get("heap_after", {}).get("used")
-    heap_base = run.get("heap_baseline", {}).get("used")
+    heap_after = heap_after_full_gcs(run.get("heap_after"))
+    heap_base = heap_after_full_gcs(run.get("heap_baseline"))
     return {
         "trigger_ms_median": median(trigger),
         "trigger_ms_max": maximum(trigger),

@@ -320,3 +320,18 @@ def test_a_jar_older_than_the_scala_sources_is_refused(
     os.utime(jar, (400, 400))
     assert _common.newer_sources(jar) == []
     _common._refuse_stale(jar)  # a jar newer than every source is measured
+
+
+def test_heap_after_gc_counts_only_when_a_full_collection_ran() -> None:
+    """While a thread sits in a JNI critical region, G1 drops a requested full collection; a heap
+    figure read then counts garbage and must not be reported."""
+    assert _common.heap_after_full_gcs({"used": 450, "full_gcs": 3}) == 450
+    assert _common.heap_after_full_gcs({"used": 450, "full_gcs": 1}) == 450
+    assert _common.heap_after_full_gcs({"used": 1170, "full_gcs": 0}) is None
+    assert _common.heap_after_full_gcs({"used": 450}) == 450  # recorded before the check existed
+    assert _common.heap_after_full_gcs({"used": None, "full_gcs": 3}) is None
+    assert _common.heap_after_full_gcs(None) is None
+    assert [_common.is_full_collector(n) for n in ("G1 Old Generation", "G1 Young Generation")] == [
+        True,
+        False,
+    ]

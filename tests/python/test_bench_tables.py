@@ -1,9 +1,11 @@
 """The benchmarks' results table rows (``bench/results_table.py``) and the README's performance
-tables (``bench/report.py``), from small hand-written reports: no Spark, exact figures."""
+tables (``bench/report.py``), from small hand-written reports, and the checks in ``bench/_common.py``
+that keep a stale jar or a skipped full GC out of the figures: no Spark, exact figures."""
 
 from __future__ import annotations
 
 import datetime as dt
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -284,8 +286,6 @@ def test_a_jar_older_than_the_scala_sources_is_refused(
     """The benchmarks measure the installed jar, which only ``bin/setup`` rebuilds: after a change
     to the sources it must be refused, naming the jar and the newest source; sbt's own output
     under ``project/`` and ``target/`` does not count."""
-    import os
-
     monkeypatch.setattr(_common, "REPO_DIR", tmp_path)
     files = {
         "build.sbt": 100,

@@ -74,12 +74,12 @@ PAUSE_LIMIT_MS = 50.0
 """heapstate's aim for the longest GC pause in the steady batches at the largest K."""
 PRETOUCH = w1.PRETOUCH
 """The JVM option of ``--pretouch`` (w1.py's). Batch 0 loads all K keys and G1 grows the heap
-for it; without the option, the next batches pay the kernel's first-touch page faults on that new heap. Counted
-once for heapstate: 139,000 minor faults in batches 2 to 11 at K=4M against 57,000 at K=1M, and
-18,000 to 23,000 in each of batches 1 to 5 at K=4M, the slow ones. The option moves that cost
-to the moment the heap grows, which for a provider whose heap grows in the steady batches (HDFS)
-lands in a GC pause there. Off by default: the default measures as BENCHMARKS.md's reference
-figures did."""
+for it; without the option, the next batches pay the kernel's first-touch page faults on that
+new heap. Counted once for heapstate: 139,000 minor faults in batches 2 to 11 at K=4M against
+57,000 at K=1M, and 18,000 to 23,000 in each of batches 1 to 5 at K=4M, the slow ones. The option
+moves that cost to the moment the heap grows, which for a provider whose heap grows in the steady
+batches (HDFS) lands in a GC pause there. Off by default: the default measures as BENCHMARKS.md's
+reference figures did."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

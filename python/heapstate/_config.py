@@ -65,13 +65,16 @@ def jar_path() -> str:
 # Options
 
 
-def _int_at_least(minimum: int) -> Callable[[object], str | None]:
+def _int_in(minimum: int, maximum: int | None = None) -> Callable[[object], str | None]:
+    """A check of an integer option from ``minimum`` to ``maximum`` (no bound when None)."""
+    wanted = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+
     def check(value: object) -> str | None:
         # bool is an int subclass; True is never meant as a version count.
         if isinstance(value, bool) or not isinstance(value, int):
-            return f"must be an integer >= {minimum}, not {value!r} ({type(value).__name__})"
-        if value < minimum:
-            return f"must be an integer >= {minimum}, not {value!r}"
+            return f"must be an integer {wanted}, not {value!r} ({type(value).__name__})"
+        if value < minimum or (maximum is not None and value > maximum):
+            return f"must be an integer {wanted}, not {value!r}"
         return None
 
     return check
@@ -94,9 +97,10 @@ class _Option:
 
 
 OPTIONS: Mapping[str, _Option] = {
-    "compaction_interval": _Option("compactionInterval", _int_at_least(1)),
+    "compaction_interval": _Option("compactionInterval", _int_in(1)),
     "codec": _Option("compressionCodec", _one_of(CODECS)),
-    "undo_versions": _Option("undoVersions", _int_at_least(0)),
+    "undo_versions": _Option("undoVersions", _int_in(0)),
+    "snapshot_bucket_bytes": _Option("snapshotBucketBytes", _int_in(64, 1 << 24)),
 }
 """heapstate's options by Python name. The README's configuration table says what each does."""
 
@@ -120,6 +124,7 @@ def conf_entries(
     compaction_interval: int | None = None,
     codec: str | None = None,
     undo_versions: int | None = None,
+    snapshot_bucket_bytes: int | None = None,
     **more: Any,
 ) -> dict[str, str]:
     """Return the Spark confs that turn heapstate on with these options (``spark.jars`` aside).
@@ -144,6 +149,7 @@ def conf_entries(
         "compaction_interval": compaction_interval,
         "codec": codec,
         "undo_versions": undo_versions,
+        "snapshot_bucket_bytes": snapshot_bucket_bytes,
     }
     entries = {PROVIDER_CONF: PROVIDER_CLASS}
     for name, value in given.items():

@@ -115,6 +115,21 @@ def test_conf_entries_lists_provider_then_options() -> None:
             "heapstate option undo_versions must be an integer >= 0, not False (bool)",
         ),
         (
+            {"snapshot_bucket_bytes": 63},
+            "heapstate option snapshot_bucket_bytes must be an integer from 64 to 16777216, not 63",
+        ),
+        (
+            {"snapshot_bucket_bytes": 16777217},
+            "heapstate option snapshot_bucket_bytes must be an integer from 64 to 16777216, not 16777217",
+        ),
+        (
+            {"snapshot_bucket_bytes": "4096"},
+            (
+                "heapstate option snapshot_bucket_bytes must be an integer from 64 to 16777216, "
+                "not '4096' (str)"
+            ),
+        ),
+        (
             {"codec": "gzip"},
             "heapstate option codec must be one of zstd, lz4, snappy, none, not 'gzip'",
         ),
@@ -130,7 +145,8 @@ def test_conf_entries_lists_provider_then_options() -> None:
             {"compaction_intervall": 3},
             (
                 "unknown heapstate option 'compaction_intervall' (did you mean "
-                "'compaction_interval'?); the options are compaction_interval, codec, undo_versions"
+                "'compaction_interval'?); the options are compaction_interval, codec, undo_versions, "
+                "snapshot_bucket_bytes"
             ),
         ),
         (
@@ -138,14 +154,15 @@ def test_conf_entries_lists_provider_then_options() -> None:
             (
                 "unknown heapstate option 'compactionInterval' (the conf key "
                 "spark.sql.streaming.stateStore.heapstate.compactionInterval is the option "
-                "'compaction_interval'); the options are compaction_interval, codec, undo_versions"
+                "'compaction_interval'); the options are compaction_interval, codec, undo_versions, "
+                "snapshot_bucket_bytes"
             ),
         ),
         (
             {"spark.sql.shuffle.partitions": 3},
             (
                 "unknown heapstate option 'spark.sql.shuffle.partitions'; the options are "
-                "compaction_interval, codec, undo_versions"
+                "compaction_interval, codec, undo_versions, snapshot_bucket_bytes"
             ),
         ),
     ],
@@ -168,6 +185,11 @@ def test_boundary_values_are_accepted() -> None:
         PREFIX + "compactionInterval": "1",
         PREFIX + "undoVersions": "0",
     }
+    for size in (64, 16777216):
+        assert heapstate.conf_entries(snapshot_bucket_bytes=size) == {
+            PROVIDER_CONF: HEAPSTATE_PROVIDER,
+            PREFIX + "snapshotBucketBytes": str(size),
+        }
 
 
 # --------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ class ConcurrentSnapshotSuite extends AnyFunSuite {
     val rng = new Random(seed)
     val dir = new Path(StoreFixture.tempDir(), "store")
     val files = new StateFiles(dir, new Configuration(), 0)
-    val engine = new StateEngine(files, EngineSettings(1, Codec.Lz4, 2, 1000), None)
+    val engine = new StateEngine(files, EngineSettings(1, Codec.Lz4, 2, 1000, snapshotBucketBytes = 256), None)
     def key(i: Int) = Key(java.nio.ByteBuffer.allocate(8).putLong(i.toLong).array())
     def value(v: Long) = java.nio.ByteBuffer.allocate(8).putLong(v).array()
     val models = mutable.Map[Long, Map[Int, Long]](0L -> Map.empty)

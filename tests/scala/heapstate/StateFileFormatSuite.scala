@@ -14,7 +14,7 @@ class StateFileFormatSuite extends AnyFunSuite {
     val out = new ByteArrayOutputStream()
     val w = new StateFileWriter(out, StateFileFormat.Header(StateFileFormat.KindJournal, codec, version, 3))
     records.foreach { case (k, v) => v.fold(w.delete(k))(w.put(k, _)) }
-    val size = w.finish()
+    val size = w.finish(keyDelta = 0)
     assert(size == out.size())
     out.toByteArray
   }
@@ -51,7 +51,7 @@ class StateFileFormatSuite extends AnyFunSuite {
     val out = new ByteArrayOutputStream()
     val w = new StateFileWriter(out, StateFileFormat.Header(StateFileFormat.KindJournal, Codec.Lz4, 7, 3))
     records.foreach { case (k, v) => v.fold(w.delete(k))(value => w.putEntry(engine.Entry(k, value))) }
-    w.finish()
+    w.finish(keyDelta = 0)
     assert(read(out.toByteArray) == expected)
   }
 
@@ -101,6 +101,102 @@ class StateFileFormatSuite extends AnyFunSuite {
     val badBody = bytes.clone(); badBody(StateFileFormat.HeaderBytes + 5) = (badBody(StateFileFormat.HeaderBytes + 5) ^ 0xff).toByte
     intercept[StateFileException](read(badBody))
     assertRejected(write(Codec.Zstd, records, version = 8), "name says version 7")
+  }
+
+  private val snapshotPath = new Path("/tmp/x/7.hs-snapshot")
+
+  /** A format-2 snapshot of `entries` (key, value), in buckets of `bucketBytes`. */
+  private def writeSnapshot(codec: Codec, entries: Seq[(Array[Byte], Array[Byte])], bucketBytes: Int = 64): Array[Byte] = {
+    val out = new ByteArrayOutputStream()
+    val w = new SnapshotFileWriter(out, StateFileFormat.Header(StateFileFormat.KindSnapshot, codec, 7, 3), bucketBytes, _ => ())
+    entries.foreach { case (k, v) => w.put(k, v) }
+    assert(w.finish() == out.size())
+    out.toByteArray
+  }
+
+  private def readSnapshot(bytes: Array[Byte]): (Map[Seq[Byte], Seq[Byte]], FileSummary) = {
+    val got = Map.newBuilder[Seq[Byte], Seq[Byte]]
+    var count = 0
+    val summary = StateFileReader.read(new ByteArrayInputStream(bytes), bytes.length, snapshotPath, 7,
+      StateFileFormat.KindSnapshot, (k, v) => { got += k.toSeq -> v.toSeq; count += 1 }, _ => fail("a delete in a snapshot"))
+    assert(count == summary.records)
+    (got.result(), summary)
+  }
+
+  private val snapshotEntries: Seq[(Array[Byte], Array[Byte])] =
+    (0 until 500).map(i => (s"key-$i".getBytes("UTF-8"), Array.fill(i % 50)(i.toByte)))
+
+  for (codec <- Codec.all) {
+    test(s"a bucketed snapshot round-trips, each key once (${codec.name})") {
+      // Key 7 is given three times, as a snapshot view may repeat a key (with its one value).
+      val repeated = snapshotEntries :+ snapshotEntries(7) :+ snapshotEntries(7)
+      val bytes = writeSnapshot(codec, repeated)
+      val (got, summary) = readSnapshot(bytes)
+      assert(got == snapshotEntries.map { case (k, v) => k.toSeq -> v.toSeq }.toMap)
+      assert(summary.records == 500 && summary.keyDelta.isEmpty && summary.header.format == 2)
+      // Bucket by bucket: every key in the bucket its hash names, every key once.
+      val buckets = StateFileReader.openSnapshot(new ByteArrayInputStream(bytes), bytes.length, snapshotPath, 7).get
+      try {
+        assert(buckets.keyCount == 500 && buckets.buckets >= 64)
+        val seen = Seq.newBuilder[Seq[Byte]]
+        for (b <- 0 until buckets.buckets) buckets.read(b) { (entry, hash) =>
+          assert(buckets.bucketOf(hash) == b)
+          seen += engine.Entry.key(entry).toSeq
+        }
+        assert(seen.result().sortBy(_.toString) == snapshotEntries.map(_._1.toSeq).sortBy(_.toString))
+      } finally buckets.close()
+    }
+
+    test(s"every truncation and every single bit flip of a bucketed snapshot is detected (${codec.name})") {
+      val bytes = writeSnapshot(codec, snapshotEntries.take(60))
+      for (len <- 0 until bytes.length) {
+        intercept[StateFileException](readSnapshot(bytes.take(len)))
+      }
+      for (pos <- bytes.indices; bit <- Seq(0, 5)) {
+        val damaged = bytes.clone()
+        damaged(pos) = (damaged(pos) ^ (1 << bit)).toByte
+        val e = intercept[StateFileException](readSnapshot(damaged))
+        assert(e.getMessage.contains(snapshotPath.toString))
+        intercept[StateFileException](StateFileReader.openSnapshot(new ByteArrayInputStream(damaged), damaged.length, snapshotPath, 7))
+      }
+    }
+  }
+
+  test("an empty snapshot round-trips, with no buckets to read") {
+    val bytes = writeSnapshot(Codec.Zstd, Nil)
+    assert(readSnapshot(bytes)._1.isEmpty)
+    val buckets = StateFileReader.openSnapshot(new ByteArrayInputStream(bytes), bytes.length, snapshotPath, 7).get
+    assert(buckets.keyCount == 0 && buckets.buckets == 1)
+    buckets.close()
+  }
+
+  test("a journal carries its key delta") {
+    val out = new ByteArrayOutputStream()
+    val w = new StateFileWriter(out, StateFileFormat.Header(StateFileFormat.KindJournal, Codec.Zstd, 7, 3))
+    w.put("a".getBytes("UTF-8"), Array[Byte](1))
+    w.delete("b".getBytes("UTF-8"))
+    w.finish(keyDelta = -41)
+    val bytes = out.toByteArray
+    val summary = StateFileReader.read(new ByteArrayInputStream(bytes), bytes.length, path, 7,
+      StateFileFormat.KindJournal, (_, _) => (), _ => ())
+    assert(summary.keyDelta.contains(-41L) && summary.records == 2)
+  }
+
+  test("files of format 1 are read: journals without a key delta, snapshots as one stream") {
+    def resource(name: String): Array[Byte] = {
+      val in = getClass.getResourceAsStream(s"/format1/$name")
+      try in.readAllBytes() finally in.close()
+    }
+    val journal = resource("5.hs-journal")
+    val j = StateFileReader.read(new ByteArrayInputStream(journal), journal.length, new Path("/x/5.hs-journal"), 5,
+      StateFileFormat.KindJournal, (_, _) => (), _ => ())
+    assert(j.header.format == 1 && j.keyDelta.isEmpty && j.records > 0)
+    val snapshot = resource("3.hs-snapshot")
+    var keys = 0
+    val s = StateFileReader.read(new ByteArrayInputStream(snapshot), snapshot.length, new Path("/x/3.hs-snapshot"), 3,
+      StateFileFormat.KindSnapshot, (_, _) => keys += 1, _ => fail("a delete in a snapshot"))
+    assert(s.header.format == 1 && keys == s.records && keys > 0)
+    assert(StateFileReader.openSnapshot(new ByteArrayInputStream(snapshot), snapshot.length, new Path("/x/3.hs-snapshot"), 3).isEmpty)
   }
 
   test("file names parse and reject strangers") {

@@ -61,7 +61,7 @@ object CheckpointInspector {
       if (verify) {
         var records = 0L
         try {
-          val header = files.read(f)((_, _) => records += 1, _ => records += 1)
+          val header = files.read(f)((_, _) => records += 1, _ => records += 1).header
           entry.put("records", Long.box(records))
           entry.put("codec", header.codec.name)
           entry.put("status", "ok")

@@ -8,7 +8,7 @@ import heapstate.io.Codec
  * since a misspelt key that is silently ignored is a setting the user believes in but does not
  * have.
  */
-final case class HeapStateConf(compactionInterval: Int, codec: Codec, undoVersions: Int)
+final case class HeapStateConf(compactionInterval: Int, codec: Codec, undoVersions: Int, snapshotBucketBytes: Int)
 
 object HeapStateConf {
   val Prefix = "spark.sql.streaming.stateStore.heapstate."
@@ -26,7 +26,12 @@ object HeapStateConf {
     "How many recent versions the store can step back to in memory (task retries), before it " +
       "must rebuild an older version from files.")
 
-  val entries: Seq[Entry] = Seq(CompactionInterval, CompressionCodec, UndoVersions)
+  val SnapshotBucketBytes: Entry = Entry("snapshotBucketBytes", "8192", "an integer from 64 to 16777216",
+    "Bytes of records (before compression) per bucket of a snapshot. A restart decompresses only " +
+      "the buckets of the keys a batch touches, and the rest over the next commits: smaller buckets " +
+      "load less for the same keys, larger ones compress a little better.")
+
+  val entries: Seq[Entry] = Seq(CompactionInterval, CompressionCodec, UndoVersions, SnapshotBucketBytes)
 
   /** Reads and validates the heapstate keys among `confs`; throws naming the key at fault. */
   def apply(confs: Map[String, String]): HeapStateConf = {
@@ -39,14 +44,15 @@ object HeapStateConf {
     def raw(e: Entry): String = confs.getOrElse(e.key, e.default).trim
     def invalid(e: Entry, value: String) = new IllegalArgumentException(
       s"Invalid value '$value' for ${e.key}: expected ${e.allowed}")
-    def int(e: Entry, min: Int): Int = {
+    def int(e: Entry, min: Int, max: Int = Int.MaxValue): Int = {
       val value = raw(e)
-      value.toIntOption.filter(_ >= min).getOrElse(throw invalid(e, value))
+      value.toIntOption.filter(v => v >= min && v <= max).getOrElse(throw invalid(e, value))
     }
     val codecName = raw(CompressionCodec)
     HeapStateConf(
       compactionInterval = int(CompactionInterval, 1),
       codec = Codec.byName(codecName).getOrElse(throw invalid(CompressionCodec, codecName)),
-      undoVersions = int(UndoVersions, 0))
+      undoVersions = int(UndoVersions, 0),
+      snapshotBucketBytes = int(SnapshotBucketBytes, 64, 1 << 24))
   }
 }

@@ -75,7 +75,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       compactionInterval = conf.compactionInterval,
       codec = conf.codec,
       undoVersions = conf.undoVersions,
-      minVersionsToRetain = storeConfs.minVersionsToRetain)
+      minVersionsToRetain = storeConfs.minVersionsToRetain,
+      snapshotBucketBytes = conf.snapshotBucketBytes)
     engine = new StateEngine(files, settings, prefixOf)
   }
 
@@ -288,7 +289,7 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       val fromChanges = changed.entrySet().iterator().asScala
         .filter(e => !Tombstone.is(e.getValue))
         .map(e => pairOf(e.getValue))
-      val fromLive = live.table.iterator
+      val fromLive = live.iterator
         .filter(e => changed.isEmpty || !changed.containsKey(new EntryKeyProbe(e)))
         .map(pairOf)
       new StateStoreIterator(fromChanges ++ fromLive, () => ())
@@ -342,7 +343,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
           KeysWritten -> (if (committed == null) 0L else committed.keysWritten),
           UpdatesSquashed -> (if (committed == null) 0L else committed.squashed),
           SnapshotLag -> engine.snapshotLag,
-          LoadTime -> engine.loadMsOf(version)))
+          LoadTime -> engine.loadMsOf(version),
+          BucketsPending -> engine.bucketsPending))
     }
 
     /** In format v2, the committed version's checkpoint id and the id of the version below it. */
@@ -414,9 +416,12 @@ object HeapStateStoreProvider {
     StateStoreCustomSumMetric("heapstateSnapshotLagVersions", "heapstate: versions since the last snapshot, summed over partitions")
 
   val LoadTime: StateStoreCustomMetric =
-    StateStoreCustomTimingMetric("heapstateLoadMs", "heapstate: ms spent rebuilding this batch's starting version from files (after a restart or a move), summed over partitions")
+    StateStoreCustomTimingMetric("heapstateLoadMs", "heapstate: ms spent rebuilding this batch's starting version from files (after a restart or a move; a bucketed snapshot's buckets load later, as keys are asked for), summed over partitions")
 
-  val CustomMetrics: Seq[StateStoreCustomMetric] = Seq(JournalBytes, KeysWritten, UpdatesSquashed, SnapshotLag, LoadTime)
+  val BucketsPending: StateStoreCustomMetric =
+    StateStoreCustomSumMetric("heapstateSnapshotBucketsPending", "heapstate: buckets of a snapshot still to load after a rebuild from files (loaded as keys are asked for, and a share after each commit), summed over partitions")
+
+  val CustomMetrics: Seq[StateStoreCustomMetric] = Seq(JournalBytes, KeysWritten, UpdatesSquashed, SnapshotLag, LoadTime, BucketsPending)
 
   /** Extracts the prefix key's bytes from a key's bytes (a projection per thread: they keep buffers). */
   private def prefixExtractor(keySchema: StructType, numColsPrefixKey: Int): Array[Byte] => Key = {

@@ -2,7 +2,6 @@ package heapstate.engine
 
 import org.apache.spark.unsafe.Platform
 import org.apache.spark.unsafe.array.ByteArrayMethods
-import org.apache.spark.unsafe.hash.Murmur3_x86_32
 
 /**
  * A state key: the bytes of a key row, owned by the store and never mutated, with its hash
@@ -17,10 +16,8 @@ final class Key(val bytes: Array[Byte], override val hashCode: Int) {
 }
 
 object Key {
-  private val Seed = 42
-
-  def hash(base: AnyRef, offset: Long, length: Int): Int =
-    Murmur3_x86_32.hashUnsafeBytes(base, offset, length, Seed)
+  /** The hash the live table and snapshot buckets share (a file-format fact: see `StateFileFormat`). */
+  def hash(base: AnyRef, offset: Long, length: Int): Int = heapstate.io.StateFileFormat.keyHash(base, offset, length)
 
   def apply(bytes: Array[Byte]): Key = new Key(bytes, hash(bytes, Platform.BYTE_ARRAY_OFFSET, bytes.length))
 

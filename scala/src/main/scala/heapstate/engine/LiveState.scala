@@ -3,6 +3,8 @@ package heapstate.engine
 import java.util.{HashMap => JHashMap, HashSet => JHashSet}
 import java.util.concurrent.ConcurrentSkipListMap
 
+import heapstate.io.{SnapshotBuckets, StateFileException}
+
 /**
  * The one live copy of a partition's state, the undo log that lets it step back, and the view
  * that lets a snapshot of an older committed version be written while the live state moves on.
@@ -34,12 +36,32 @@ import java.util.concurrent.ConcurrentSkipListMap
  * value at `s`). Readers therefore take a snapshot record as "the key has this value", and a
  * repeated key carries no new information. `docs/FORMAT.md` states this.
  *
+ * == Loading lazily ==
+ * A state rebuilt from a bucketed snapshot ([[beginLazy]]) starts with none of the snapshot's
+ * keys in `table`: the snapshot is held as stored, and a bucket is decompressed into `table` the
+ * first time a key of it is looked up, or by [[loadSome]] (a share after each commit) and
+ * [[loadAll]]. So a restart's first batch pays for the buckets its keys fall in, not for the
+ * whole state. The invariants that keep this exact:
+ *  - every look-up of a key (get, contains, and the commit's look-up of each changed key) first
+ *    loads the key's bucket, so a key the batches touched is never loaded again over its newer
+ *    value, and no change is ever made to a key whose bucket is not loaded;
+ *  - the journals above the snapshot are applied first, into `table` (their entries are newer than
+ *    the snapshot's) and, for their deletes, into `deleted`; a bucket loads only the keys found
+ *    in neither;
+ *  - while buckets are pending, [[numKeys]] is the snapshot's key count plus every journal's and
+ *    every commit's key delta; when the last bucket is in, it must equal `table`'s size;
+ *  - iteration, prefix scans and snapshot views need every key: they load every bucket first
+ *    (the view requires it: the engine writes no snapshot of a state still loading).
+ * Loading happens on the thread that owns the state (the task thread, under the engine's lock
+ * for commits), like every other change to `table`.
+ *
  * == Memory ==
  * Undo entries are kept for the newest `undoVersions` commits, and for every version above a
  * snapshot being written. Older ones are dropped; an older version is then rebuilt from files.
+ * A snapshot still loading holds its stored (compressed) bytes until its last bucket is in.
  */
 final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: Long, expectedKeys: Int = 16) {
-  val table = new EntryTable(expectedKeys)
+  private[engine] val table = new EntryTable(expectedKeys)
   private val undo = new ConcurrentSkipListMap[java.lang.Long, JHashMap[Key, Array[Byte]]]()
   private val byPrefix: Option[JHashMap[Key, JHashSet[Key]]] =
     prefixOf.map(_ => new JHashMap[Key, JHashSet[Key]]())
@@ -48,40 +70,155 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   @volatile private var liveBytes = 0L
   @volatile private var undoBytes = 0L
 
-  def numKeys: Long = table.size
-  def memoryBytes: Long = liveBytes + undoBytes + table.tableBytes
-  def contains(key: Key): Boolean = table.get(key) != null
-  /** The entry of the key `length` bytes at `base`/`offset` (hashing to `hash`), or null. */
-  def get(base: AnyRef, offset: Long, length: Int, hash: Int): Array[Byte] = table.get(base, offset, length, hash)
-  def get(key: Key): Array[Byte] = table.get(key)
+  /** The snapshot whose buckets are not all in `table` yet (see "Loading lazily"), or null. */
+  @volatile private var pending: LiveState.PendingSnapshot = null
+  /** The number of keys while `pending` is set (the table does not know the unloaded buckets'). */
+  private var pendingKeys = 0L
 
-  /** Loads an entry read from a file (single-threaded, before publication). */
-  def loadEntry(entry: Array[Byte]): Unit = store(entry, Entry.keyHash(entry))
+  def numKeys: Long = if (pending != null) pendingKeys else table.size
+  def memoryBytes: Long = {
+    val p = pending
+    liveBytes + undoBytes + table.tableBytes + (if (p == null) 0 else p.heldBytes)
+  }
+  /** Whether every key is in `table` (no snapshot bucket is still to load). */
+  def isFullyLoaded: Boolean = pending == null
+  /** How many buckets of a snapshot are still to load. */
+  def bucketsPending: Long = { val p = pending; if (p == null) 0 else p.remaining }
+  def contains(key: Key): Boolean = get(key) != null
+  /** The entry of the key `length` bytes at `base`/`offset` (hashing to `hash`), or null. */
+  def get(base: AnyRef, offset: Long, length: Int, hash: Int): Array[Byte] = {
+    loadBucketOf(hash)
+    table.get(base, offset, length, hash)
+  }
+  def get(key: Key): Array[Byte] = { loadBucketOf(key.hashCode); table.get(key) }
+
+  /** Every entry, once every pending bucket is loaded; with the guarantees of [[EntryTable.foreach]]. */
+  def iterator: Iterator[Array[Byte]] = { loadAll(); table.iterator }
+
+  /** Loads an entry read from a file (single-threaded, before publication): a snapshot's, or a journal's put. */
+  def loadEntry(entry: Array[Byte]): Unit = {
+    val p = pending
+    if (p != null && !p.deleted.isEmpty) p.deleted.remove(new EntryKeyProbe(entry))
+    store(entry, Entry.keyHash(entry))
+  }
 
   /** Loads a journal's delete record (single-threaded, before publication). */
-  def loadDelete(key: Array[Byte]): Unit =
-    remove(key, Key.hash(key, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.length))
+  def loadDelete(key: Array[Byte]): Unit = {
+    val hash = Key.hash(key, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.length)
+    remove(key, hash)
+    val p = pending
+    if (p != null) p.deleted.add(new Key(key, hash))
+  }
 
   /**
-   * Commits `changes` as version `version + 1`: publish the undo entry, then change the map.
+   * Starts this (empty, unpublished) state from `snapshot`, whose buckets load when their keys
+   * are asked for. The journals above it follow through [[loadEntry]], [[loadDelete]] and
+   * [[journalLoaded]].
+   */
+  def beginLazy(snapshot: SnapshotBuckets): Unit = {
+    require(table.size == 0 && pending == null, "a snapshot is loaded into an empty state")
+    pending = new LiveState.PendingSnapshot(snapshot)
+    pendingKeys = snapshot.keyCount
+    if (snapshot.keyCount == 0) loadAll()
+  }
+
+  /**
+   * Counts a journal loaded on top of a pending snapshot: its key delta, or, for a journal that
+   * does not record one (format 1), every bucket is loaded now, since the key count cannot be
+   * known otherwise.
+   */
+  def journalLoaded(keyDelta: Option[Long]): Unit = if (pending != null) keyDelta match {
+    case Some(d) => pendingKeys += d
+    case None => loadAll()
+  }
+
+  /** Loads the bucket `hash` falls in, if a snapshot is still loading. */
+  private def loadBucketOf(hash: Int): Unit = {
+    val p = pending
+    if (p != null) load(p, p.buckets.bucketOf(hash))
+  }
+
+  /** Loads the next `n` buckets not loaded yet. */
+  def loadSome(n: Int): Unit = synchronized {
+    val p = pending
+    var left = n
+    while (p != null && left > 0 && (pending eq p)) {
+      while (p.loaded.get(p.next)) p.next += 1
+      load(p, p.next)
+      left -= 1
+    }
+  }
+
+  /** Loads every bucket still pending. */
+  def loadAll(): Unit = { val p = pending; if (p != null) loadSome(p.buckets.buckets) }
+
+  /** How many buckets a commit loads: a lazily loaded state is whole after [[LiveState.LoadSteps]] commits. */
+  def bucketsPerCommit: Int = { val p = pending; if (p == null) 0 else (p.buckets.buckets + LiveState.LoadSteps - 1) / LiveState.LoadSteps }
+
+  /** Loads bucket `b` of `p` into `table`, skipping keys that journals or commits changed since. */
+  private def load(p: LiveState.PendingSnapshot, b: Int): Unit = synchronized {
+    if (p.failure != null) throw p.failure
+    if ((pending eq p) && !p.loaded.get(b)) {
+      val checkDeleted = !p.deleted.isEmpty
+      p.buckets.read(b) { (entry, hash) =>
+        val keyLength = Entry.keyLength(entry)
+        val newer = table.get(entry, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET + Entry.keyStart, keyLength, hash) != null
+        if (!newer && !(checkDeleted && p.deleted.contains(new EntryKeyProbe(entry)))) store(entry, hash)
+      }
+      p.loaded.set(b)
+      p.remaining -= 1
+      if (p.remaining == 0) {
+        if (table.size != pendingKeys) {
+          p.failure = new StateFileException(p.buckets.path, p.buckets.version, s"it and the journals above it " +
+            s"hold ${table.size} keys once loaded, but their key counts say $pendingKeys")
+          throw p.failure
+        }
+        pending = null
+        p.buckets.close()
+      }
+    }
+  }
+
+  /**
+   * What committing `changes` as version `version + 1` will record: the undo entry (every changed
+   * key's entry as of `version`, or [[Tombstone]]) and the change in the number of keys. Looks
+   * every changed key up, which loads its bucket; changes nothing that a reader could see.
+   */
+  def prepareCommit(changes: ChangeSet): PreparedCommit = {
+    val fromEmpty = pending == null && table.size == 0
+    if (fromEmpty) {
+      var added = 0L
+      changes.foreach((_, changed) => if (!Tombstone.is(changed)) added += 1)
+      new PreparedCommit(version + 1, changes, LiveState.FromEmpty, 0L, added)
+    } else {
+      val entry = new JHashMap[Key, Array[Byte]](math.max(16, changes.size * 4 / 3 + 1))
+      var entryBytes = 0L
+      var delta = 0L
+      changes.foreach { (key, changed) =>
+        val prior = get(key)
+        val recorded = if (prior == null) Tombstone.bytes else prior
+        entry.put(key, recorded)
+        entryBytes += MemoryModel.undoEntry(recorded)
+        if (prior == null && !Tombstone.is(changed)) delta += 1
+        else if (prior != null && Tombstone.is(changed)) delta -= 1
+      }
+      new PreparedCommit(version + 1, changes, entry, entryBytes, delta)
+    }
+  }
+
+  /**
+   * Commits what [[prepareCommit]] prepared: publish the undo entry, then change the map.
    * `keepUndoAbove`: undo entries at or below this version may be dropped afterwards.
    */
-  def applyCommit(changes: ChangeSet, keepUndoAbove: Long): Unit = {
+  def applyCommit(prepared: PreparedCommit, keepUndoAbove: Long): Unit = {
     val newVersion = version + 1
-    val fromEmpty = table.size == 0
-    val entry = if (fromEmpty) LiveState.FromEmpty else new JHashMap[Key, Array[Byte]](math.max(16, changes.size * 4 / 3 + 1))
-    var entryBytes = 0L
-    if (!fromEmpty) changes.foreach { (key, _) =>
-      val prior = table.get(key)
-      val recorded = if (prior == null) Tombstone.bytes else prior
-      entry.put(key, recorded)
-      entryBytes += MemoryModel.undoEntry(recorded)
-    }
-    undo.put(newVersion, entry) // published before any change to `table`
-    undoBytes += entryBytes
-    changes.foreach { (key, changed) => // the change set's own entries go into the table, uncopied
+    require(prepared.version == newVersion, s"a commit prepared as version ${prepared.version} applied at $newVersion")
+    undo.put(newVersion, prepared.undoEntry) // published before any change to `table`
+    undoBytes += prepared.undoBytes
+    prepared.changes.foreach { (key, changed) => // the change set's own entries go into the table, uncopied
       if (Tombstone.is(changed)) remove(key.bytes, key.hashCode) else store(changed, key.hashCode)
     }
+    if (pending != null) pendingKeys += prepared.keyDelta
     version = newVersion
     dropUndoUpTo(keepUndoAbove)
   }
@@ -97,7 +234,9 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
       if (entry eq LiveState.FromEmpty) {
         table.clear(); byPrefix.foreach(_.clear()); liveBytes = 0
       }
+      val counting = pending != null // the commit loaded every key of `entry`: the table knows them
       entry.forEach { (key, prior) =>
+        if (counting) pendingKeys += (if (Tombstone.is(prior)) 0 else 1) - (if (table.get(key) == null) 0 else 1)
         if (Tombstone.is(prior)) remove(key.bytes, key.hashCode) else store(prior, key.hashCode)
         undoBytes -= MemoryModel.undoEntry(prior)
       }
@@ -141,7 +280,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   }
 
   /** The live keys that share `prefix` (task thread only; the table does not move during a batch). */
-  def keysWithPrefix(prefix: Key): java.util.Set[Key] = byPrefix match {
+  def keysWithPrefix(prefix: Key): java.util.Set[Key] = { loadAll(); byPrefix } match {
     case Some(index) =>
       val set = index.get(prefix)
       if (set == null) java.util.Collections.emptySet[Key]() else set
@@ -154,6 +293,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
    * above `s` alive until this returns.
    */
   def writeSnapshotView(s: Long, emit: Array[Byte] => Unit): Unit = {
+    require(pending == null, "a snapshot view of a state whose snapshot is still loading")
     val later = undo.tailMap(s, false)
     def changedAfterS(entry: Array[Byte]): Boolean = !later.isEmpty && {
       val probe = new EntryKeyProbe(entry)
@@ -178,4 +318,28 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
 object LiveState {
   /** The undo entry of a version committed on top of an empty state: step back by clearing. */
   private val FromEmpty = new JHashMap[Key, Array[Byte]](1)
+
+  /** A lazily loaded state is whole after at most this many commits, each loading its share. */
+  val LoadSteps = 8
+
+  /** A snapshot being loaded bucket by bucket, and the keys journals deleted above it. */
+  private final class PendingSnapshot(val buckets: SnapshotBuckets) {
+    val loaded = new java.util.BitSet(buckets.buckets)
+    var remaining: Int = buckets.buckets
+    /** No bucket below this one is left to load. */
+    var next = 0
+    val deleted = new JHashSet[Key]()
+    /** Set when the loaded keys did not add up: the state must not be used. */
+    var failure: StateFileException = null
+    def heldBytes: Long = buckets.heldBytes + 64L * deleted.size
+  }
 }
+
+/** What a commit of version `version` records; see [[LiveState.prepareCommit]]. */
+final class PreparedCommit private[engine] (
+    val version: Long,
+    val changes: ChangeSet,
+    private[engine] val undoEntry: JHashMap[Key, Array[Byte]],
+    private[engine] val undoBytes: Long,
+    /** Keys added minus keys removed. */
+    val keyDelta: Long)

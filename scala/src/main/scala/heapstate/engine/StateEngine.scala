@@ -12,7 +12,8 @@ final case class EngineSettings(
     compactionInterval: Int,
     codec: Codec,
     undoVersions: Int,
-    minVersionsToRetain: Int)
+    minVersionsToRetain: Int,
+    snapshotBucketBytes: Int)
 
 /**
  * Spreads a background snapshot out in time: after every MiB of entries, it sleeps long enough
@@ -117,9 +118,18 @@ final class StateEngine(
     if (st == null) throw new IllegalStateException("no version of this state store is loaded")
     st
   }
-  /** Whether `compactionInterval` versions have passed since the last snapshot, and none is being written. */
-  def snapshotDue: Boolean = snapshotLag >= settings.compactionInterval && snapshotInProgress < 0
+  /**
+   * Whether `compactionInterval` versions have passed since the last snapshot, none is being
+   * written, and the live state is whole (a state still loading its snapshot's buckets has
+   * nothing to gain from a new one).
+   */
+  def snapshotDue: Boolean = {
+    val st = state
+    snapshotLag >= settings.compactionInterval && snapshotInProgress < 0 && st != null && st.isFullyLoaded
+  }
   def snapshotLag: Long = { val st = state; if (st == null) 0 else st.version - newestSnapshot }
+  /** Buckets of a snapshot the live state has still to load (0 when it is whole). */
+  def bucketsPending: Long = { val st = state; if (st == null) 0 else st.bucketsPending }
 
   /**
    * Makes the live state hold `version` (with checkpoint id `id`, when given), stepping back or
@@ -174,7 +184,8 @@ final class StateEngine(
     val st = ensureAt(baseVersion, baseId)
     val newVersion = baseVersion + 1
     val liveBaseId = if (newId.isDefined) Option(lineageIds.get(baseVersion)) else None
-    val bytes = files.write(Journal, newVersion, settings.codec, newId, liveBaseId) { w =>
+    val prepared = st.prepareCommit(changes)
+    val bytes = files.writeJournal(newVersion, settings.codec, newId, liveBaseId, prepared.keyDelta) { w =>
       changes.foreach { (key, entry) =>
         if (Tombstone.is(entry)) w.delete(key.bytes) else w.putEntry(entry)
       }
@@ -193,8 +204,11 @@ final class StateEngine(
     FaultInjection.pause("published", files.journalPath(newVersion, newId, liveBaseId).toString)
     val byDepth = newVersion - settings.undoVersions
     val inProgress = snapshotInProgress
-    st.applyCommit(changes, if (inProgress >= 0) math.min(byDepth, inProgress) else byDepth)
+    st.applyCommit(prepared, if (inProgress >= 0) math.min(byDepth, inProgress) else byDepth)
     newId.foreach(i => lineageIds.put(newVersion, i))
+    // A state still loading its snapshot's buckets loads a share after each commit, except in the
+    // batch that rebuilt it from files: that one leaves the cores to the partitions still loading.
+    if (!rebuiltAt(baseVersion)) st.loadSome(st.bucketsPerCommit)
     // Ids below the undo depth are no use: those versions are rebuilt from files.
     lineageIds.headMap(byDepth - 1, false).clear()
     CommitResult(newVersion, bytes, changes.size, changes.operations - changes.size, newId, liveBaseId)
@@ -210,7 +224,10 @@ final class StateEngine(
     // their whole length: `s` is a committed version, and no commit drops undo entries above it.
     val picked: Option[(LiveState, Long, Option[String])] = synchronized {
       val st = state
-      val due = st != null && st.version > 0 && st.version != newestSnapshot &&
+      // Forced snapshots come from the task thread, which may load the rest of the state; the
+      // maintenance thread must not, so a background snapshot waits until the state is whole.
+      if (force && st != null) st.loadAll()
+      val due = st != null && st.version > 0 && st.version != newestSnapshot && st.isFullyLoaded &&
         (force || st.version - newestSnapshot >= settings.compactionInterval)
       val locked = due && (if (force) { snapshotLock.lock(); true } else snapshotLock.tryLock())
       if (locked) { snapshotInProgress = st.version; Some((st, st.version, Option(lineageIds.get(st.version)))) }
@@ -219,13 +236,10 @@ final class StateEngine(
     picked.flatMap { case (st, s, id) =>
       try {
         val started = System.nanoTime()
-        val bytes = files.write(Snapshot, s, settings.codec, id) { w =>
-          if (force) st.writeSnapshotView(s, w.putEntry)
-          else {
-            val pacer = new SnapshotPacer(SnapshotPacer.DefaultDutyCycle, () => snapshotLockWanted)
-            st.writeSnapshotView(s, { entry => w.putEntry(entry); pacer.wrote(entry.length) })
-          }
-        }
+        val pace: Int => Unit =
+          if (force) _ => ()
+          else new SnapshotPacer(SnapshotPacer.DefaultDutyCycle, () => snapshotLockWanted).wrote
+        val bytes = files.writeSnapshot(s, settings.codec, settings.snapshotBucketBytes, id, pace)(w => st.writeSnapshotView(s, w.putEntry))
         newestSnapshot = math.max(newestSnapshot, s)
         log.info(f"Wrote snapshot of version $s for ${files.dir}: $bytes%d bytes in " +
           f"${(System.nanoTime() - started) / 1e6}%.0f ms")
@@ -285,16 +299,18 @@ final class StateEngine(
           s"passes version $snapshotVersion with checkpoint id ${lineageSnapshotId.get}")
     }
     val wantedId = snapshotId.orElse(lineageSnapshotId)
-    val st = new LiveState(prefixOf, snapshotVersion)
-    if (snapshotVersion > 0) {
-      val snap = all.find(f => f.kind == Snapshot && f.version == snapshotVersion && (wantedId.isEmpty || f.id == wantedId))
-        .getOrElse {
-          throw new StateFileException(files.snapshotPath(snapshotVersion, wantedId), snapshotVersion,
-            "there is no heapstate snapshot at this version to start from")
-        }
-      readSnapshot(st, snap)
-    }
+    val st =
+      if (snapshotVersion == 0) new LiveState(prefixOf, 0)
+      else {
+        val snap = all.find(f => f.kind == Snapshot && f.version == snapshotVersion && (wantedId.isEmpty || f.id == wantedId))
+          .getOrElse {
+            throw new StateFileException(files.snapshotPath(snapshotVersion, wantedId), snapshotVersion,
+              "there is no heapstate snapshot at this version to start from")
+          }
+        openSnapshot(snap)
+      }
     chain.foreach(j => applyJournal(st, j))
+    st.loadAll() // replayed state serves Spark's state reader, which reads it whole
     st.version = endVersion
     withSnapshotLock {
       state = st; newestSnapshot = snapshotVersion
@@ -365,23 +381,26 @@ final class StateEngine(
     var skipped: StateFileException = null
     for (candidate <- candidates) {
       val from = candidate.map(_.version).getOrElse(0L)
-      val st = new LiveState(prefixOf, from)
-      val snapshotOk = candidate.forall { snap =>
-        try { readSnapshot(st, snap); true }
-        catch {
-          case e: StateFileException =>
-            log.warn(s"Skipping damaged snapshot ${snap.path} (version ${snap.version}) of ${files.dir}; " +
-              s"rebuilding version $version from an older snapshot and journals: ${e.getMessage}")
-            if (skipped == null) skipped = e else skipped.addSuppressed(e)
-            false
-        }
+      val opened: Option[LiveState] = candidate match {
+        case None => Some(new LiveState(prefixOf, 0))
+        case Some(snap) =>
+          try Some(openSnapshot(snap))
+          catch {
+            case e: StateFileException =>
+              log.warn(s"Skipping damaged snapshot ${snap.path} (version ${snap.version}) of ${files.dir}; " +
+                s"rebuilding version $version from an older snapshot and journals: ${e.getMessage}")
+              if (skipped == null) skipped = e else skipped.addSuppressed(e)
+              None
+          }
       }
-      if (snapshotOk) {
-        walk.journals.takeWhile(_.version > from).reverse.foreach(j => applyJournal(st, j))
-        st.version = version
-        newestSnapshot = from
-        wanted.foreach(i => lineageIds.put(version, i))
-        return st
+      opened match {
+        case Some(st) =>
+          walk.journals.takeWhile(_.version > from).reverse.foreach(j => applyJournal(st, j))
+          st.version = version
+          newestSnapshot = from
+          wanted.foreach(i => lineageIds.put(version, i))
+          return st
+        case None =>
       }
     }
     val missing = walk.missing.getOrElse(1L)
@@ -394,13 +413,25 @@ final class StateEngine(
           s"(journal $missing is gone): ${skipped.getMessage}", skipped))
   }
 
-  private def readSnapshot(st: LiveState, file: StateFile): Unit =
-    files.readEntries(file)(
-      st.loadEntry,
-      _ => throw new StateFileException(file.path, file.version, "a snapshot holds a delete record"))
+  /**
+   * A state at the version of snapshot `file`: a bucketed snapshot (format 2) is checked whole
+   * and loaded bucket by bucket as keys are asked for; a format-1 snapshot is read whole now.
+   */
+  private def openSnapshot(file: StateFile): LiveState = files.openSnapshot(file) match {
+    case Some(buckets) =>
+      val st = new LiveState(prefixOf, file.version, expectedKeys = math.min(buckets.keyCount, 1L << 29).toInt)
+      st.beginLazy(buckets)
+      st
+    case None =>
+      val st = new LiveState(prefixOf, file.version)
+      files.readEntries(file)(
+        st.loadEntry,
+        _ => throw new StateFileException(file.path, file.version, "a snapshot holds a delete record"))
+      st
+  }
 
   private def applyJournal(st: LiveState, file: StateFile): Unit =
-    files.readEntries(file)(st.loadEntry, st.loadDelete)
+    st.journalLoaded(files.readEntries(file)(st.loadEntry, st.loadDelete).keyDelta)
 }
 
 /**

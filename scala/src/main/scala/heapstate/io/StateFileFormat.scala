@@ -9,26 +9,40 @@ import scala.util.control.NonFatal
 import org.apache.hadoop.fs.Path
 
 /**
- * The layout shared by journals and snapshots; `docs/FORMAT.md` is its specification.
+ * The layout of heapstate's files; `docs/FORMAT.md` is its specification. This heapstate writes
+ * format 2 and reads formats 1 and 2.
  *
  * {{{
  *   header  (24 bytes, uncompressed, big-endian)
  *     magic "HSTF" | format version u16 | kind u8 | codec u8 | state version i64 |
  *     partition i32 | CRC32C of the 20 bytes before it
- *   body    (compressed with the header's codec)
+ *   body of a journal (one stream, compressed with the header's codec)
  *     records: 0x01 PUT keyLen i32, key, valueLen i32, value
  *              0x02 DELETE keyLen i32, key
- *     then:    0x00 END recordCount i64
+ *     then:    0x00 END recordCount i64 keyDelta i64     (format 1: no keyDelta)
+ *   body of a snapshot, format 2 (bucketed; format 1 snapshots are laid out as journals)
+ *     2^bits blocks, each bucket's PUT records compressed on their own, then
+ *     the index: per bucket, compressed length i32 | raw length i32 | record count i32,
+ *     the footer: key count i64 | bits i32 | magic "HSBI"
  *   trailer (16 bytes, uncompressed)
- *     body length i64 | CRC32C of the compressed body u32 | magic "HSTE"
+ *     body length i64 | CRC32C of the stored body u32 | magic "HSTE"
  * }}}
+ *
+ * A snapshot's key goes to bucket `murmur3_x86_32(key bytes, seed 42) >>> (32 - bits)`, each key
+ * once, so that a reader can decompress only the buckets of the keys it needs ([[SnapshotBuckets]]).
  */
 object StateFileFormat {
   val Magic: Int = 0x48535446 // "HSTF"
   val EndMagic: Int = 0x48535445 // "HSTE"
-  val FormatVersion: Short = 1
+  val IndexMagic: Int = 0x48534249 // "HSBI"
+  /** The format this heapstate writes. */
+  val FormatVersion: Short = 2
+  /** The formats this heapstate reads. */
+  val ReadableFormats: Seq[Short] = Seq(1, 2)
   val HeaderBytes = 24
   val TrailerBytes = 16
+  val FooterBytes = 16
+  val IndexEntryBytes = 12
 
   val KindJournal: Byte = 1
   val KindSnapshot: Byte = 2
@@ -41,13 +55,29 @@ object StateFileFormat {
   val MaxRowBytes: Int = 256 * 1024 * 1024
   val BufferBytes: Int = 1 << 16
 
-  final case class Header(kind: Byte, codec: Codec, version: Long, partition: Int)
+  /** At most 2^20 buckets: the index stays within 12 MiB, whatever the state's size. */
+  val MaxBucketBits = 20
+
+  final case class Header(kind: Byte, codec: Codec, version: Long, partition: Int, format: Short = FormatVersion)
 
   def kindName(kind: Byte): String = if (kind == KindJournal) "journal" else "snapshot"
 
+  /** The hash of a key's bytes that places it in a snapshot bucket (and in the live table). */
+  def keyHash(base: AnyRef, offset: Long, length: Int): Int =
+    org.apache.spark.unsafe.hash.Murmur3_x86_32.hashUnsafeBytes(base, offset, length, 42)
+
+  def bucketOf(hash: Int, bits: Int): Int = if (bits == 0) 0 else hash >>> (32 - bits)
+
+  /** The fewest bucket bits that keep a snapshot of `rawBytes` of records at `bucketBytes` or less a bucket. */
+  def bucketBitsFor(rawBytes: Long, bucketBytes: Int): Int = {
+    var bits = 0
+    while (bits < MaxBucketBits && (bucketBytes.toLong << bits) < rawBytes) bits += 1
+    bits
+  }
+
   def encodeHeader(h: Header): Array[Byte] = {
     val buf = ByteBuffer.allocate(HeaderBytes)
-    buf.putInt(Magic).putShort(FormatVersion).put(h.kind).put(h.codec.id)
+    buf.putInt(Magic).putShort(h.format).put(h.kind).put(h.codec.id)
     buf.putLong(h.version).putInt(h.partition)
     val crc = new CRC32C
     crc.update(buf.array(), 0, 20)
@@ -67,17 +97,40 @@ object StateFileFormat {
     val crc = new CRC32C
     crc.update(bytes, 0, 20)
     if (buf.getInt != crc.getValue.toInt) throw bad("its header checksum does not match")
-    if (format != FormatVersion) {
-      throw bad(s"it has format version $format; this heapstate reads format $FormatVersion")
+    if (!ReadableFormats.contains(format)) {
+      throw bad(s"it has format version $format; this heapstate reads format ${ReadableFormats.mkString(" and ")}")
     }
     if (kind != KindJournal && kind != KindSnapshot) throw bad(s"unknown file kind $kind")
     val codec = Codec.byId(codecId).getOrElse(throw bad(s"unknown codec id $codecId"))
     if (fileVersion != version) {
       throw bad(s"its header says version $fileVersion, but its name says version $version")
     }
-    Header(kind, codec, fileVersion, partition)
+    Header(kind, codec, fileVersion, partition, format)
   }
+
+  private[io] def putIntBE(b: Array[Byte], at: Int, v: Int): Unit = {
+    b(at) = (v >>> 24).toByte; b(at + 1) = (v >>> 16).toByte; b(at + 2) = (v >>> 8).toByte; b(at + 3) = v.toByte
+  }
+
+  private[io] def getIntBE(b: Array[Byte], at: Int): Int =
+    ((b(at) & 0xff) << 24) | ((b(at + 1) & 0xff) << 16) | ((b(at + 2) & 0xff) << 8) | (b(at + 3) & 0xff)
+
+  /** Writes the trailer after a body of `bodyBytes` whose stored bytes have checksum `crc`. */
+  private[io] def writeTrailer(raw: OutputStream, bodyBytes: Long, crc: Int): Unit = {
+    val trailer = ByteBuffer.allocate(TrailerBytes)
+    trailer.putLong(bodyBytes).putInt(crc).putInt(EndMagic)
+    raw.write(trailer.array())
+  }
+
+  /** Holds native codec state until closed, or until its owner is collected. */
+  private[io] val cleaner: java.lang.ref.Cleaner = java.lang.ref.Cleaner.create()
 }
+
+/**
+ * What reading a whole file found: its header, its record count, and, for a journal of format
+ * 2, the number of keys its version added minus those it removed.
+ */
+final case class FileSummary(header: StateFileFormat.Header, records: Long, keyDelta: Option[Long])
 
 /** Counts and checksums the bytes that pass to `out`; does not close `out`. */
 private final class ChecksummedOutput(out: OutputStream) extends FilterOutputStream(out) {
@@ -162,11 +215,13 @@ private final class RecordInput(in: InputStream) {
 }
 
 /**
- * Writes one state file to `raw`. Call `put`/`delete` for each record, then `finish()`; the
- * caller owns `raw` (an atomic checkpoint stream) and commits or cancels it.
+ * Writes one journal to `raw`. Call `put`/`putEntry`/`delete` for each record, then `finish`;
+ * the caller owns `raw` (an atomic checkpoint stream) and commits or cancels it.
  */
 final class StateFileWriter(raw: OutputStream, header: StateFileFormat.Header) {
   import StateFileFormat._
+  require(header.kind == KindJournal && header.format == FormatVersion,
+    "snapshots are written by SnapshotFileWriter, and only in the current format")
 
   raw.write(encodeHeader(header))
   private val body = new ChecksummedOutput(raw)
@@ -199,23 +254,145 @@ final class StateFileWriter(raw: OutputStream, header: StateFileFormat.Header) {
 
   def recordCount: Long = records
 
-  /** Ends the body and writes the trailer; returns the file's total size in bytes. */
-  def finish(): Long = {
+  /**
+   * Ends the body with `keyDelta` (the keys this version added minus those it removed) and
+   * writes the trailer; returns the file's total size in bytes.
+   */
+  def finish(keyDelta: Long): Long = {
     out.writeByte(RecordEnd)
     out.writeLong(records)
+    out.writeLong(keyDelta)
     out.close() // finishes the codec frame; ChecksummedOutput keeps `raw` open
-    val trailer = ByteBuffer.allocate(TrailerBytes)
-    trailer.putLong(body.count).putInt(body.crc.getValue.toInt).putInt(EndMagic)
-    raw.write(trailer.array())
+    writeTrailer(raw, body.count, body.crc.getValue.toInt)
     HeaderBytes + body.count + TrailerBytes
   }
 }
 
 /**
+ * Writes one snapshot to `raw`, bucketed (see [[StateFileFormat]]). `putEntry` only collects
+ * the entries (immutable arrays, not copied); `finish` sorts them by bucket, drops a key given
+ * twice (a snapshot view may emit a key twice, with the same value), compresses each bucket on
+ * its own and writes it, calling `pace` with each bucket's raw size. Buckets hold at most about
+ * `bucketBytes` of records each, before compression. The caller owns `raw`.
+ */
+final class SnapshotFileWriter(raw: OutputStream, header: StateFileFormat.Header, bucketBytes: Int, pace: Int => Unit) {
+  import StateFileFormat._
+  import org.apache.spark.unsafe.Platform.{BYTE_ARRAY_OFFSET => Base}
+  require(header.kind == KindSnapshot && header.format == FormatVersion, "a snapshot in the current format")
+
+  private var entries = new Array[Array[Byte]](1024)
+  private var hashes = new Array[Int](1024)
+  private var count = 0
+  private var rawBytes = 0L
+
+  /** Adds an entry `[key length: i32][key][value]` (see `heapstate.engine.Entry`); the array must not change. */
+  def putEntry(entry: Array[Byte]): Unit = {
+    if (count == entries.length) {
+      entries = java.util.Arrays.copyOf(entries, count * 2)
+      hashes = java.util.Arrays.copyOf(hashes, count * 2)
+    }
+    val keyLength = org.apache.spark.unsafe.Platform.getInt(entry, Base)
+    entries(count) = entry
+    hashes(count) = keyHash(entry, Base + 4, keyLength)
+    count += 1
+    rawBytes += 1 + 4 + entry.length // the record adds a type byte and the value's length
+  }
+
+  def put(key: Array[Byte], value: Array[Byte]): Unit = {
+    val e = new Array[Byte](4 + key.length + value.length)
+    org.apache.spark.unsafe.Platform.putInt(e, Base, key.length)
+    System.arraycopy(key, 0, e, 4, key.length)
+    System.arraycopy(value, 0, e, 4 + key.length, value.length)
+    putEntry(e)
+  }
+
+  /** Writes the buckets, the index and the trailer; returns the file's total size in bytes. */
+  def finish(): Long = {
+    raw.write(encodeHeader(header))
+    val body = new ChecksummedOutput(raw)
+    val out = new BufferedOutputStream(body, BufferBytes)
+    val bits = bucketBitsFor(rawBytes, bucketBytes)
+    val buckets = 1 << bits
+    // Unsigned hash order puts each bucket's keys together, and a repeated key next to its twin.
+    val order = new Array[Long](count)
+    var i = 0
+    while (i < count) { order(i) = ((hashes(i) ^ Int.MinValue).toLong << 32) | i; i += 1 }
+    java.util.Arrays.sort(order)
+    def at(sorted: Int): Int = order(sorted).toInt
+    val index = new Array[Byte](IndexEntryBytes * buckets)
+    var block = new Array[Byte](2 * bucketBytes)
+    var compressed = new Array[Byte](0)
+    var keys = 0L
+    val codec = header.codec.blocks()
+    try {
+      i = 0
+      var b = 0
+      while (b < buckets) {
+        var len = 0
+        var records = 0
+        while (i < count && bucketOf(hashes(at(i)), bits) == b) {
+          val e = entries(at(i))
+          if (!repeated(order, i)) {
+            val keyLength = org.apache.spark.unsafe.Platform.getInt(e, Base)
+            val need = len + 9 + e.length - 4
+            if (need > block.length) block = java.util.Arrays.copyOf(block, math.max(need, block.length * 2))
+            block(len) = RecordPut
+            putIntBE(block, len + 1, keyLength)
+            System.arraycopy(e, 4, block, len + 5, keyLength)
+            putIntBE(block, len + 5 + keyLength, e.length - 4 - keyLength)
+            System.arraycopy(e, 4 + keyLength, block, len + 9 + keyLength, e.length - 4 - keyLength)
+            len = need
+            records += 1
+          }
+          i += 1
+        }
+        var stored = 0
+        if (records > 0) {
+          val room = codec.maxCompressedLength(len)
+          if (compressed.length < room) compressed = new Array[Byte](math.max(room, 2 * compressed.length))
+          stored = codec.compress(block, len, compressed)
+          out.write(compressed, 0, stored)
+        }
+        putIntBE(index, IndexEntryBytes * b, stored)
+        putIntBE(index, IndexEntryBytes * b + 4, len)
+        putIntBE(index, IndexEntryBytes * b + 8, records)
+        keys += records
+        pace(len)
+        b += 1
+      }
+    } finally codec.close()
+    out.write(index)
+    val footer = ByteBuffer.allocate(FooterBytes)
+    footer.putLong(keys).putInt(bits).putInt(IndexMagic)
+    out.write(footer.array())
+    out.flush()
+    entries = null // what the writer collected is no longer needed
+    writeTrailer(raw, body.count, body.crc.getValue.toInt)
+    HeaderBytes + body.count + TrailerBytes
+  }
+
+  /** Whether the entry at sorted position `i` repeats the key of one before it (same hash, same key). */
+  private def repeated(order: Array[Long], i: Int): Boolean = {
+    val e = entries(order(i).toInt)
+    val h = hashes(order(i).toInt)
+    var j = i - 1
+    while (j >= 0 && hashes(order(j).toInt) == h) {
+      val o = entries(order(j).toInt)
+      val keyLength = org.apache.spark.unsafe.Platform.getInt(e, Base)
+      if (org.apache.spark.unsafe.Platform.getInt(o, Base) == keyLength &&
+        org.apache.spark.unsafe.array.ByteArrayMethods.arrayEquals(e, Base + 4, o, Base + 4, keyLength)) return true
+      j -= 1
+    }
+    false
+  }
+}
+
+/**
  * Reads one state file and hands its records to `onPut`/`onDelete` in file order. Every check is
- * made (header, lengths, record count, body checksum, trailer); the records are delivered before
- * the checksum at the end is known, so callers build into a staging structure and use it only
- * when `read` returns normally. Any failure becomes a [[StateFileException]] naming the file.
+ * made (header, lengths, record count, body checksum, trailer); the records of a journal or a
+ * format-1 snapshot are delivered before the checksum at the end is known, so callers build into
+ * a staging structure and use it only when `read` returns normally. Any failure becomes a
+ * [[StateFileException]] naming the file.
  */
 object StateFileReader {
   import StateFileFormat._
@@ -227,7 +404,7 @@ object StateFileReader {
       version: Long,
       expectedKind: Byte,
       onPut: (Array[Byte], Array[Byte]) => Unit,
-      onDelete: Array[Byte] => Unit): Header =
+      onDelete: Array[Byte] => Unit): FileSummary =
     readRecords(in, fileLength, path, version, expectedKind, Left(onPut), onDelete)
 
   /**
@@ -242,8 +419,60 @@ object StateFileReader {
       version: Long,
       expectedKind: Byte,
       onEntry: Array[Byte] => Unit,
-      onDelete: Array[Byte] => Unit): Header =
+      onDelete: Array[Byte] => Unit): FileSummary =
     readRecords(in, fileLength, path, version, expectedKind, Right(onEntry), onDelete)
+
+  /**
+   * Opens a snapshot for reading bucket by bucket: reads the whole file, checks its header,
+   * checksum, trailer and index, and keeps its stored body. `None` for a format-1 snapshot,
+   * which has no buckets (read it with [[readEntries]]).
+   */
+  def openSnapshot(in: InputStream, fileLength: Long, path: Path, version: Long): Option[SnapshotBuckets] =
+    guarded(path, version) {
+      val (data, header) = readHeader(in, fileLength, path, version, KindSnapshot)
+      if (header.format == 1) None
+      else Some(readBuckets(in, data, fileLength, header, path, version))
+    }
+
+  private def bad(path: Path, version: Long, reason: String, cause: Throwable = null) =
+    new StateFileException(path, version, reason, cause)
+
+  /** Runs `body`, turning every failure into a [[StateFileException]] that names the file. */
+  private def guarded[T](path: Path, version: Long)(body: => T): T =
+    try body
+    catch {
+      case e: StateFileException => throw e
+      case e: EOFException => throw bad(path, version, "it is truncated", e)
+      case NonFatal(e) => throw bad(path, version, s"it is damaged (${e.getClass.getSimpleName}: ${e.getMessage})", e)
+    }
+
+  private def readHeader(in: InputStream, fileLength: Long, path: Path, version: Long, expectedKind: Byte): (DataInputStream, Header) = {
+    if (fileLength - HeaderBytes - TrailerBytes < 0) {
+      throw bad(path, version, s"it is truncated ($fileLength bytes, shorter than a header and trailer)")
+    }
+    val data = new DataInputStream(in)
+    val headerBytes = new Array[Byte](HeaderBytes)
+    data.readFully(headerBytes)
+    val header = decodeHeader(headerBytes, path, version)
+    if (header.kind != expectedKind) {
+      throw bad(path, version, s"it is a ${kindName(header.kind)}, expected a ${kindName(expectedKind)}")
+    }
+    (data, header)
+  }
+
+  /** Checks the trailer that follows a body of `bodyLength` bytes whose checksum was `crc`. */
+  private def checkTrailer(data: DataInputStream, bodyLength: Long, crc: Int, path: Path, version: Long): Unit = {
+    val trailer = new Array[Byte](TrailerBytes)
+    data.readFully(trailer)
+    val t = ByteBuffer.wrap(trailer)
+    val writtenLength = t.getLong
+    val writtenCrc = t.getInt
+    if (t.getInt != EndMagic) throw bad(path, version, "its trailer is damaged (no end magic)")
+    if (writtenLength != bodyLength) {
+      throw bad(path, version, s"its trailer records a body of $writtenLength bytes, the file holds $bodyLength")
+    }
+    if (writtenCrc != crc) throw bad(path, version, "its body checksum does not match")
+  }
 
   private def readRecords(
       in: InputStream,
@@ -252,24 +481,32 @@ object StateFileReader {
       version: Long,
       expectedKind: Byte,
       onPut: Either[(Array[Byte], Array[Byte]) => Unit, Array[Byte] => Unit],
-      onDelete: Array[Byte] => Unit): Header = {
-    def bad(reason: String, cause: Throwable = null) =
-      new StateFileException(path, version, reason, cause)
-    try {
+      onDelete: Array[Byte] => Unit): FileSummary = guarded(path, version) {
+    val (data, header) = readHeader(in, fileLength, path, version, expectedKind)
+    if (header.kind == KindSnapshot && header.format >= 2) {
+      val buckets = readBuckets(in, data, fileLength, header, path, version)
+      try {
+        var b = 0
+        while (b < buckets.buckets) {
+          buckets.read(b) { (entry, _) =>
+            onPut match {
+              case Left(f) =>
+                val keyLength = org.apache.spark.unsafe.Platform.getInt(entry, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET)
+                f(java.util.Arrays.copyOfRange(entry, 4, 4 + keyLength), java.util.Arrays.copyOfRange(entry, 4 + keyLength, entry.length))
+              case Right(f) => f(entry)
+            }
+          }
+          b += 1
+        }
+      } finally buckets.close()
+      FileSummary(header, buckets.keyCount, None)
+    } else {
       val bodyLength = fileLength - HeaderBytes - TrailerBytes
-      if (bodyLength < 0) throw bad(s"it is truncated ($fileLength bytes, shorter than a header and trailer)")
-      val data = new DataInputStream(in)
-      val headerBytes = new Array[Byte](HeaderBytes)
-      data.readFully(headerBytes)
-      val header = decodeHeader(headerBytes, path, version)
-      if (header.kind != expectedKind) {
-        throw bad(s"it is a ${kindName(header.kind)}, expected a ${kindName(expectedKind)}")
-      }
       val body = new ChecksummedInput(in, bodyLength)
       val records = new RecordInput(header.codec.decompress(body))
       def readLength(what: String): Int = {
         val len = records.readInt()
-        if (len < 0 || len > MaxRowBytes) throw bad(s"a $what length of $len bytes is impossible")
+        if (len < 0 || len > MaxRowBytes) throw bad(path, version, s"a $what length of $len bytes is impossible")
         len
       }
       def readRow(what: String): Array[Byte] = {
@@ -290,6 +527,7 @@ object StateFileReader {
         entry
       }
       var count = 0L
+      var keyDelta: Option[Long] = None
       var done = false
       while (!done) {
         records.readByte() match {
@@ -300,31 +538,187 @@ object StateFileReader {
             }
             count += 1
           case RecordDelete =>
+            if (header.kind == KindSnapshot) throw bad(path, version, "a snapshot holds a delete record")
             onDelete(readRow("key")); count += 1
           case RecordEnd =>
             val expected = records.readLong()
-            if (expected != count) throw bad(s"it holds $count records but says $expected")
+            if (expected != count) throw bad(path, version, s"it holds $count records but says $expected")
+            if (header.kind == KindJournal && header.format >= 2) keyDelta = Some(records.readLong())
             done = true
-          case other => throw bad(s"unknown record type $other after $count records")
+          case other => throw bad(path, version, s"unknown record type $other after $count records")
         }
       }
       body.drain()
-      if (body.consumed != bodyLength) throw bad(s"its body ended after ${body.consumed} of $bodyLength bytes")
-      val trailer = new Array[Byte](TrailerBytes)
-      data.readFully(trailer)
-      val t = ByteBuffer.wrap(trailer)
-      val writtenLength = t.getLong
-      val writtenCrc = t.getInt
-      if (t.getInt != EndMagic) throw bad("its trailer is damaged (no end magic)")
-      if (writtenLength != bodyLength) {
-        throw bad(s"its trailer records a body of $writtenLength bytes, the file holds $bodyLength")
-      }
-      if (writtenCrc != body.crc.getValue.toInt) throw bad("its body checksum does not match")
-      header
-    } catch {
-      case e: StateFileException => throw e
-      case e: EOFException => throw bad("it is truncated", e)
-      case NonFatal(e) => throw bad(s"it is damaged (${e.getClass.getSimpleName}: ${e.getMessage})", e)
+      if (body.consumed != bodyLength) throw bad(path, version, s"its body ended after ${body.consumed} of $bodyLength bytes")
+      checkTrailer(data, bodyLength, body.crc.getValue.toInt, path, version)
+      FileSummary(header, count, keyDelta)
     }
+  }
+
+  /** Reads a format-2 snapshot's body (after its header) and trailer, checks them and its index. */
+  private def readBuckets(
+      in: InputStream, data: DataInputStream, fileLength: Long, header: Header, path: Path, version: Long): SnapshotBuckets = {
+    val bodyLength = fileLength - HeaderBytes - TrailerBytes
+    val checked = new ChecksummedInput(in, bodyLength)
+    val body = ChunkedBytes.read(checked, bodyLength)
+    checkTrailer(data, bodyLength, checked.crc.getValue.toInt, path, version)
+    def broken(reason: String) = bad(path, version, s"its snapshot index is damaged: $reason")
+    if (bodyLength < FooterBytes) throw broken(s"a body of $bodyLength bytes has no room for it")
+    val keyCount = body.getLong(bodyLength - FooterBytes)
+    val bits = body.getInt(bodyLength - 8)
+    if (body.getInt(bodyLength - 4) != IndexMagic) throw broken("no index magic")
+    if (bits < 0 || bits > MaxBucketBits) throw broken(s"$bits bucket bits")
+    val buckets = 1 << bits
+    val indexStart = bodyLength - FooterBytes - IndexEntryBytes.toLong * buckets
+    if (indexStart < 0) throw broken(s"$buckets buckets do not fit in a body of $bodyLength bytes")
+    val index = new Array[Int](3 * buckets)
+    val offsets = new Array[Long](buckets)
+    var at = 0L
+    var keys = 0L
+    var b = 0
+    while (b < buckets) {
+      val stored = body.getInt(indexStart + IndexEntryBytes.toLong * b)
+      val rawLength = body.getInt(indexStart + IndexEntryBytes.toLong * b + 4)
+      val records = body.getInt(indexStart + IndexEntryBytes.toLong * b + 8)
+      if (stored < 0 || rawLength < 0 || records < 0 || (records == 0) != (rawLength == 0) || (rawLength == 0) != (stored == 0)) {
+        throw broken(s"bucket $b has stored length $stored, raw length $rawLength and $records records")
+      }
+      offsets(b) = at
+      index(3 * b) = stored; index(3 * b + 1) = rawLength; index(3 * b + 2) = records
+      at += stored
+      keys += records
+      b += 1
+    }
+    if (at != indexStart) throw broken(s"its buckets add up to $at bytes, but they take $indexStart")
+    if (keys != keyCount) throw broken(s"its buckets hold $keys records, but it says $keyCount keys")
+    new SnapshotBuckets(path, version, header, body, bits, index, offsets, keyCount)
+  }
+}
+
+/** A body held in chunks of at most 64 MiB, so that any size fits (an array holds under 2 GiB). */
+private[io] final class ChunkedBytes private (chunks: Array[Array[Byte]], val length: Long) {
+  import ChunkedBytes.ChunkShift
+
+  private def byte(pos: Long): Int = chunks((pos >>> ChunkShift).toInt)((pos & ((1 << ChunkShift) - 1)).toInt) & 0xff
+
+  def getInt(pos: Long): Int = (byte(pos) << 24) | (byte(pos + 1) << 16) | (byte(pos + 2) << 8) | byte(pos + 3)
+  def getLong(pos: Long): Long = (getInt(pos).toLong << 32) | (getInt(pos + 4) & 0xffffffffL)
+
+  /** An array and offset that hold the `len` bytes at `pos`: a chunk, or a copy where they cross into the next. */
+  def slice(pos: Long, len: Int): (Array[Byte], Int) = {
+    val chunk = (pos >>> ChunkShift).toInt
+    val off = (pos & ((1 << ChunkShift) - 1)).toInt
+    if (off + len <= chunks(chunk).length) (chunks(chunk), off)
+    else {
+      val copy = new Array[Byte](len)
+      var done = 0
+      while (done < len) {
+        val c = ((pos + done) >>> ChunkShift).toInt
+        val o = ((pos + done) & ((1 << ChunkShift) - 1)).toInt
+        val n = math.min(len - done, chunks(c).length - o)
+        System.arraycopy(chunks(c), o, copy, done, n)
+        done += n
+      }
+      (copy, 0)
+    }
+  }
+}
+
+private[io] object ChunkedBytes {
+  private val ChunkShift = 26
+
+  /**
+   * Reads exactly `length` bytes of `in`; running out is an `EOFException`. It asks for at most
+   * 64 KiB at a time: Hadoop's checksummed local streams serve one large read three times slower
+   * than the same bytes in 64 KiB reads (24 against 7.5 ms for a 37 MB snapshot, measured).
+   */
+  def read(in: InputStream, length: Long): ChunkedBytes = {
+    val n = ((length + (1L << ChunkShift) - 1) >>> ChunkShift).toInt
+    val chunks = Array.tabulate(n) { c =>
+      val chunk = new Array[Byte](math.min(1L << ChunkShift, length - (c.toLong << ChunkShift)).toInt)
+      var done = 0
+      while (done < chunk.length) {
+        val got = in.read(chunk, done, math.min(chunk.length - done, StateFileFormat.BufferBytes))
+        if (got < 0) throw new EOFException(s"the body ended ${(c.toLong << ChunkShift) + done} bytes into $length")
+        done += got
+      }
+      chunk
+    }
+    new ChunkedBytes(chunks, length)
+  }
+}
+
+/**
+ * A checked format-2 snapshot held in memory as stored (compressed), read one bucket at a time:
+ * what lets a restart decompress only the buckets of the keys a batch touches. The body, its
+ * checksum, trailer and index were checked when it was opened; [[read]] checks each bucket's
+ * records as it decodes them. Use it from one thread at a time; [[close]] frees the codec's native
+ * state (which is also freed if the instance is dropped unclosed).
+ */
+final class SnapshotBuckets private[io] (
+    val path: Path,
+    val version: Long,
+    header: StateFileFormat.Header,
+    body: ChunkedBytes,
+    bits: Int,
+    index: Array[Int],
+    offsets: Array[Long],
+    val keyCount: Long) extends AutoCloseable {
+  import StateFileFormat._
+
+  private val codec = new SnapshotBuckets.CodecHolder(header.codec.blocks())
+  private val cleanable = cleaner.register(this, codec)
+
+  def buckets: Int = 1 << bits
+  def bucketOf(hash: Int): Int = StateFileFormat.bucketOf(hash, bits)
+
+  /** Heap this holds: the stored body and the index. */
+  def heldBytes: Long = body.length + 4L * index.length + 8L * offsets.length
+
+  /**
+   * Decompresses bucket `b` and calls `onEntry` with each of its entries
+   * (`[key length: i32][key][value]`, a new array each) and the key's hash.
+   */
+  def read(b: Int)(onEntry: (Array[Byte], Int) => Unit): Unit = {
+    def bad(reason: String, cause: Throwable = null) = new StateFileException(path, version, s"bucket $b: $reason", cause)
+    val stored = index(3 * b)
+    val rawLength = index(3 * b + 1)
+    val records = index(3 * b + 2)
+    if (records == 0) return
+    val raw = new Array[Byte](rawLength)
+    val (src, off) = body.slice(offsets(b), stored)
+    try codec.blocks.decompress(src, off, stored, raw, rawLength)
+    catch { case NonFatal(e) => throw bad(s"it does not decompress (${e.getClass.getSimpleName}: ${e.getMessage})", e) }
+    var pos = 0
+    var n = 0
+    while (pos < rawLength) {
+      if (raw(pos) != RecordPut) throw bad(s"record ${n + 1} has type ${raw(pos)}, not a put")
+      if (pos + 9L > rawLength) throw bad(s"record ${n + 1} runs past the bucket's end")
+      val keyLength = getIntBE(raw, pos + 1)
+      if (keyLength < 0 || pos + 9L + keyLength > rawLength) throw bad(s"record ${n + 1} has a key length of $keyLength bytes")
+      val valueLength = getIntBE(raw, pos + 5 + keyLength)
+      if (valueLength < 0 || pos + 9L + keyLength + valueLength > rawLength) {
+        throw bad(s"record ${n + 1} has a value length of $valueLength bytes")
+      }
+      val entry = new Array[Byte](4 + keyLength + valueLength)
+      org.apache.spark.unsafe.Platform.putInt(entry, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, keyLength)
+      System.arraycopy(raw, pos + 5, entry, 4, keyLength)
+      System.arraycopy(raw, pos + 9 + keyLength, entry, 4 + keyLength, valueLength)
+      val hash = keyHash(entry, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET + 4, keyLength)
+      if (bucketOf(hash) != b) throw bad(s"record ${n + 1} holds a key of bucket ${bucketOf(hash)}")
+      onEntry(entry, hash)
+      n += 1
+      pos += 9 + keyLength + valueLength
+    }
+    if (n != records) throw bad(s"it holds $n records, its index says $records")
+  }
+
+  override def close(): Unit = cleanable.clean()
+}
+
+private object SnapshotBuckets {
+  /** The codec, closed by the cleaner: it must not refer to its [[SnapshotBuckets]]. */
+  final class CodecHolder(val blocks: BlockCodec) extends Runnable {
+    override def run(): Unit = blocks.close()
   }
 }

@@ -8,7 +8,7 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
 import org.apache.spark.sql.execution.streaming.checkpointing.{CheckpointFileManager, FileSystemBasedCheckpointFileManager}
 
-import heapstate.io.StateFileNames.{Journal, Kind, StateFile}
+import heapstate.io.StateFileNames.{Journal, Kind, Snapshot, StateFile}
 
 /**
  * The files of one state store directory, read and written through Spark's
@@ -38,21 +38,41 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
   def snapshotPath(version: Long, id: Option[String] = None): Path = StateFileNames.snapshot(dir, version, id)
 
   /**
-   * Writes a journal or snapshot for `version` atomically, overwriting an older file of the same
-   * name (in checkpoint format v1, a re-run batch commits its version again). `id` and `base` are
-   * the checkpoint ids of format v2 (see [[StateFileNames]]). Returns the file's size in bytes.
+   * Writes the journal of `version` atomically, overwriting an older file of the same name (in
+   * checkpoint format v1, a re-run batch commits its version again). `id` and `base` are the
+   * checkpoint ids of format v2 (see [[StateFileNames]]); `keyDelta` is the keys the version added
+   * minus those it removed. Returns the file's size in bytes.
    */
-  def write(kind: Kind, version: Long, codec: Codec, id: Option[String] = None, base: Option[String] = None)(
-      records: StateFileWriter => Unit): Long = {
+  def writeJournal(version: Long, codec: Codec, id: Option[String], base: Option[String], keyDelta: Long)(
+      records: StateFileWriter => Unit): Long =
+    writeAtomically(Journal, journalPath(version, id, base)) { out =>
+      val writer = new StateFileWriter(out, StateFileFormat.Header(StateFileFormat.KindJournal, codec, version, partition))
+      records(writer)
+      writer.finish(keyDelta)
+    }
+
+  /**
+   * Writes the snapshot of `version` atomically (see [[writeJournal]]), in buckets of about
+   * `bucketBytes` of records; `pace` is called with each bucket's raw size as it is written, and
+   * may throw to give the snapshot up.
+   */
+  def writeSnapshot(version: Long, codec: Codec, bucketBytes: Int, id: Option[String] = None, pace: Int => Unit = _ => ())(
+      entries: SnapshotFileWriter => Unit): Long =
+    writeAtomically(Snapshot, snapshotPath(version, id)) { out =>
+      val header = StateFileFormat.Header(StateFileFormat.KindSnapshot, codec, version, partition)
+      val writer = new SnapshotFileWriter(out, header, bucketBytes, pace)
+      entries(writer)
+      writer.finish()
+    }
+
+  /** Writes `path` through an atomic stream: `body` writes the file and returns its size. */
+  private def writeAtomically(kind: Kind, path: Path)(body: java.io.OutputStream => Long): Long = {
     if (!dirReady) { fm.mkdirs(dir); dirReady = true }
-    val path = if (kind == Journal) journalPath(version, id, base) else snapshotPath(version, id)
     // Only a file that does not exist yet may go through `fastFm`: its rename silently keeps an
     // existing target. Overwrites (a re-run version) are rare and take Spark's default manager.
     val out = (if ((fastFm ne fm) && !fastFm.exists(path)) fastFm else fm).createAtomic(path, true)
     try {
-      val writer = new StateFileWriter(out, StateFileFormat.Header(kindByte(kind), codec, version, partition))
-      records(writer)
-      val size = writer.finish()
+      val size = body(out)
       FaultInjection.pause(if (kind == Journal) "journal" else "snapshot", path.toString)
       out.close()
       size
@@ -64,13 +84,20 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
   }
 
   /** Reads `file`, handing records to the callbacks; see [[StateFileReader]] for the guarantees. */
-  def read(file: StateFile)(onPut: (Array[Byte], Array[Byte]) => Unit, onDelete: Array[Byte] => Unit): StateFileFormat.Header =
+  def read(file: StateFile)(onPut: (Array[Byte], Array[Byte]) => Unit, onDelete: Array[Byte] => Unit): FileSummary =
     withInput(file)(in => StateFileReader.read(in, file.length, file.path, file.version, kindByte(file.kind), onPut, onDelete))
 
   /** Reads `file`, handing each put record over as one entry array (see [[StateFileReader.readEntries]]). */
-  def readEntries(file: StateFile)(onEntry: Array[Byte] => Unit, onDelete: Array[Byte] => Unit): StateFileFormat.Header =
+  def readEntries(file: StateFile)(onEntry: Array[Byte] => Unit, onDelete: Array[Byte] => Unit): FileSummary =
     withInput(file)(in =>
       StateFileReader.readEntries(in, file.length, file.path, file.version, kindByte(file.kind), onEntry, onDelete))
+
+  /**
+   * Reads and checks the snapshot `file` whole, for reading bucket by bucket; `None` when it is
+   * of format 1 (see [[StateFileReader.openSnapshot]]).
+   */
+  def openSnapshot(file: StateFile): Option[SnapshotBuckets] =
+    withInput(file)(in => StateFileReader.openSnapshot(in, file.length, file.path, file.version))
 
   /** Opens `file` for `body` and closes it after; a file gone since listing is named as missing. */
   private def withInput[T](file: StateFile)(body: java.io.InputStream => T): T = {

@@ -306,9 +306,9 @@ object CheckpointMigration {
       confs: Map[String, String],
       hadoopConf: Configuration): (ContentDigest, Path) = {
     val files = new StateFiles(spec.id(target).storeCheckpointLocation(), hadoopConf, spec.partition)
-    val codec = HeapStateConf(confs).codec
+    val conf = HeapStateConf(confs)
     var digest: ContentDigest = null
-    files.write(Snapshot, version, codec) { w => digest = readAll(source, version)((k, v) => w.put(k, v)) }
+    files.writeSnapshot(version, conf.codec, conf.snapshotBucketBytes) { w => digest = readAll(source, version)((k, v) => w.put(k, v)) }
     (digest, files.snapshotPath(version))
   }
 

@@ -17,18 +17,22 @@ import org.apache.spark.sql.types._
 import org.apache.spark.unsafe.types.UTF8String
 
 /**
- * The load inside W1's restart, without a query: how long each provider takes to rebuild
- * W1-shaped state from its files in a fresh JVM. W1's restart figure is one whole micro-batch;
- * this isolates the part a provider controls, in about a minute per provider.
+ * W1's restart batch, without a query: how long each provider takes to rebuild W1-shaped state
+ * from its files in a fresh JVM and run the first batch's reads and writes on it. W1's restart
+ * figure is one whole micro-batch; this isolates the part a provider controls, in about a minute
+ * per provider.
  *
  * The state: K keys in 4 partitions, a `long` key, and as value a 256-character random hex
  * string, a flag and a count (what `groupBy(k).agg(last(v), count(*))` keeps). Each provider
- * first builds its checkpoint in one JVM: version 1 with every key, then `--journals` versions
- * of U/4 updates per partition (no snapshot above version 1, so the load reads the first version
- * and every journal, as W1's worst store reads a snapshot and up to 10 journals). Then, `--runs`
- * times, a fresh JVM with W1's driver heap flags (`-Xmx6g`, no `-Xms`) writes two small versions
- * on a scratch store (as W1's restart warm-up does: the write path is warm, the load path is
- * not), and loads the 4 partitions on two threads, as `local[2]` runs two tasks at once.
+ * first builds its checkpoint in one JVM: version 1 with every key, committed with a snapshot
+ * (`forceSnapshotOnCommit`), then `--journals` versions of U/4 updates per partition (no snapshot
+ * above version 1, so the load reads that snapshot and every journal, as W1's worst store reads
+ * a snapshot and up to 10 journals). Then, `--runs` times, a fresh JVM with W1's driver heap flags
+ * (`-Xmx6g`, no `-Xms`) writes two small versions on a scratch store (as W1's restart warm-up
+ * does: the write path is warm, the load path is not), and runs the restart's first batch on the
+ * 4 partitions on two threads, as `local[2]` runs two tasks at once: `getStore`, then a get and a
+ * put of each of U/4 keys drawn at random, and the commit. heapstate loads a snapshot's buckets
+ * as keys are asked for, so its load is in the gets as much as in `getStore`.
  *
  * {{{
  *   bin/sbt "bench/runMain heapstate.bench.RestartLoad"
@@ -47,7 +51,8 @@ import org.apache.spark.unsafe.types.UTF8String
  *    the partition's keys (what knowing the key count before reading would save);
  *  - `arena` probes a bulk-loading design instead ([[ArenaProbe]]): entries copied into chunks
  *    the size of a G1 region, indexed by (chunk, offset);
- *  - `full`, the default, is `getStore`. Only `full` applies to HDFS.
+ *  - `full`, the default, is the whole first batch: `getStore`, the gets and puts, the commit.
+ *    Only `full` applies to HDFS.
  * {{{
  *   bin/sbt "bench/runMain heapstate.bench.RestartLoad --providers heapstate --stage parse --runs 5"
  * }}}
@@ -74,7 +79,7 @@ object RestartLoad {
       s"--stage $stage looks inside heapstate's load; run it with --providers heapstate")
     opts.get("phase") match {
       case Some("build") => build(providers.head, opts("root"), keys, journals, updates)
-      case Some("load") => load(providers.head, opts("root"), journals + 1, stage, keys / Partitions, opts("out"))
+      case Some("load") => load(providers.head, opts("root"), journals + 1, stage, keys / Partitions, updates, opts("out"))
       case _ =>
         val root = Files.createTempDirectory("restart-load")
         val walls = mutable.LinkedHashMap.empty[String, Seq[Long]]
@@ -134,19 +139,21 @@ object RestartLoad {
 
   private val keyProj = UnsafeProjection.create(keySchema)
   private val valueProj = UnsafeProjection.create(valueSchema)
-  private def key(k: Long): UnsafeRow = keyProj(InternalRow(k)).copy()
+  // A projection writes every row into one buffer of its own: rows are built under its lock, since
+  // the batch runs on two threads.
+  private def key(k: Long): UnsafeRow = keyProj.synchronized(keyProj(InternalRow(k)).copy())
   private def value(k: Long, version: Int): UnsafeRow = {
     // Random-looking hex, like W1's sha2 payload: it compresses to about half, not to nothing.
     val rnd = new java.util.SplittableRandom(k * 1000003L + version)
     val hex = Array.fill[Byte](256)("0123456789abcdef".charAt(rnd.nextInt(16)).toByte)
-    valueProj(InternalRow(UTF8String.fromBytes(hex), true, version.toLong)).copy()
+    valueProj.synchronized(valueProj(InternalRow(UTF8String.fromBytes(hex), true, version.toLong)).copy())
   }
 
   private def build(p: Provider, root: String, keys: Int, journals: Int, updates: Int): Unit = {
     val rnd = new java.util.Random(42)
     for (part <- 0 until Partitions) {
       val provider = open(p, root, part)
-      val first = provider.getStore(0)
+      val first = provider.getStore(0, None, forceSnapshotOnCommit = true, loadEmpty = false)
       var k = part.toLong
       while (k < keys) { first.put(key(k), value(k, 0)); k += Partitions }
       first.commit()
@@ -192,7 +199,8 @@ object RestartLoad {
     n
   }
 
-  private def load(p: Provider, root: String, version: Int, stage: String, keysPerPartition: Int, out: String): Unit = {
+  private def load(
+      p: Provider, root: String, version: Int, stage: String, keysPerPartition: Int, updates: Int, out: String): Unit = {
     val scratch = Files.createTempDirectory("restart-load-warm-up")
     val warm = open(p, scratch.toString, 0)
     for (v <- 0 until 2) {
@@ -209,21 +217,28 @@ object RestartLoad {
       .filterNot(_.getName.contains("Concurrent")).map(_.getCollectionTime).sum
     val gcBefore = gcMs
     val start = System.nanoTime()
-    val loaded = (0 until Partitions).map { part =>
+    val loaded = try (0 until Partitions).map { part =>
       pool.submit(new Callable[Long] {
         def call(): Long = if (stage != "full") loadStage(root, part, stage, keysPerPartition) else {
+          // The restart's batch: each key it updates is read first, as an aggregation reads its state.
           val store = open(p, root, part).getStore(version)
-          val n = store.metrics.numKeys
-          store.abort()
-          n
+          val rnd = new java.util.Random(1000L + part)
+          for (_ <- 0 until updates / Partitions) {
+            val k = rnd.nextInt(keysPerPartition).toLong * Partitions + part
+            require(store.get(key(k)) != null, s"key $k is missing from partition $part")
+            store.put(key(k), value(k, version + 1))
+          }
+          store.commit()
+          store.metrics.numKeys
         }
       })
     }.map(_.get()).sum
+    finally pool.shutdown() // a failed partition must not leave the pool's threads keeping the JVM alive
     val wall = (System.nanoTime() - start) / 1000000
     val gc = gcMs - gcBefore
-    pool.shutdown()
     val what = if (stage == "parse") "records" else "keys"
-    println(f"${p.name}%-18s load wall $wall%5d ms (GC pauses $gc%4d ms), $loaded%,d $what")
+    val did = if (stage == "full") "first batch" else "load"
+    println(f"${p.name}%-18s $did wall $wall%5d ms (GC pauses $gc%4d ms), $loaded%,d $what")
     Files.writeString(Paths.get(out), wall.toString)
   }
 }

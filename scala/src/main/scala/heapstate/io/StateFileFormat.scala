@@ -270,10 +270,12 @@ final class StateFileWriter(raw: OutputStream, header: StateFileFormat.Header) {
 
 /**
  * Writes one snapshot to `raw`, bucketed (see [[StateFileFormat]]). `putEntry` only collects
- * the entries (immutable arrays, not copied); `finish` sorts them by bucket, drops a key given
+ * the entries (immutable arrays, not copied); `finish` groups them by bucket, drops a key given
  * twice (a snapshot view may emit a key twice, with the same value), compresses each bucket on
- * its own and writes it, calling `pace` with each bucket's raw size. Buckets hold at most about
- * `bucketBytes` of records each, before compression. The caller owns `raw`.
+ * its own and writes it. Buckets hold at most about `bucketBytes` of records each, before
+ * compression. `pace` is called with the bytes of each entry collected and of each bucket
+ * written, so that a paced writer spreads both passes out (see `SnapshotPacer`), with no burst of
+ * unpaced work between them. The caller owns `raw`.
  */
 final class SnapshotFileWriter(raw: OutputStream, header: StateFileFormat.Header, bucketBytes: Int, pace: Int => Unit) {
   import StateFileFormat._
@@ -296,6 +298,7 @@ final class SnapshotFileWriter(raw: OutputStream, header: StateFileFormat.Header
     hashes(count) = keyHash(entry, Base + 4, keyLength)
     count += 1
     rawBytes += 1 + 4 + entry.length // the record adds a type byte and the value's length
+    pace(entry.length)
   }
 
   def put(key: Array[Byte], value: Array[Byte]): Unit = {
@@ -313,11 +316,22 @@ final class SnapshotFileWriter(raw: OutputStream, header: StateFileFormat.Header
     val out = new BufferedOutputStream(body, BufferBytes)
     val bits = bucketBitsFor(rawBytes, bucketBytes)
     val buckets = 1 << bits
-    // Unsigned hash order puts each bucket's keys together, and a repeated key next to its twin.
-    val order = new Array[Long](count)
+    // A counting sort by bucket (each bucket's entries sorted by hash in the loop below, when it
+    // is written): unsigned hash order, which puts a repeated key next to its twin.
+    val starts = new Array[Int](buckets + 1)
     var i = 0
-    while (i < count) { order(i) = ((hashes(i) ^ Int.MinValue).toLong << 32) | i; i += 1 }
-    java.util.Arrays.sort(order)
+    while (i < count) { starts(bucketOf(hashes(i), bits) + 1) += 1; i += 1 }
+    i = 0
+    while (i < buckets) { starts(i + 1) += starts(i); i += 1 }
+    val order = new Array[Long](count)
+    val filled = java.util.Arrays.copyOf(starts, buckets)
+    i = 0
+    while (i < count) {
+      val b = bucketOf(hashes(i), bits)
+      order(filled(b)) = ((hashes(i) ^ Int.MinValue).toLong << 32) | i
+      filled(b) += 1
+      i += 1
+    }
     def at(sorted: Int): Int = order(sorted).toInt
     val index = new Array[Byte](IndexEntryBytes * buckets)
     var block = new Array[Byte](2 * bucketBytes)
@@ -330,7 +344,8 @@ final class SnapshotFileWriter(raw: OutputStream, header: StateFileFormat.Header
       while (b < buckets) {
         var len = 0
         var records = 0
-        while (i < count && bucketOf(hashes(at(i)), bits) == b) {
+        java.util.Arrays.sort(order, starts(b), starts(b + 1))
+        while (i < starts(b + 1)) {
           val e = entries(at(i))
           if (!repeated(order, i)) {
             val keyLength = org.apache.spark.unsafe.Platform.getInt(e, Base)

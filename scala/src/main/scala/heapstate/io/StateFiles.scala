@@ -53,8 +53,8 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
 
   /**
    * Writes the snapshot of `version` atomically (see [[writeJournal]]), in buckets of about
-   * `bucketBytes` of records; `pace` is called with each bucket's raw size as it is written, and
-   * may throw to give the snapshot up.
+   * `bucketBytes` of records; `pace` is called with the bytes of each entry collected and of each
+   * bucket written (see [[SnapshotFileWriter]]), and may throw to give the snapshot up.
    */
   def writeSnapshot(version: Long, codec: Codec, bucketBytes: Int, id: Option[String] = None, pace: Int => Unit = _ => ())(
       entries: SnapshotFileWriter => Unit): Long =

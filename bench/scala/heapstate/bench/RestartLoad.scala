@@ -56,6 +56,9 @@ import org.apache.spark.unsafe.types.UTF8String
  * {{{
  *   bin/sbt "bench/runMain heapstate.bench.RestartLoad --providers heapstate --stage parse --runs 5"
  * }}}
+ * `--after N` runs N more batches of the same shape after the first, on the same providers, and
+ * prints each one's wall time (heapstate loads a share of its pending buckets in each commit; the
+ * median still covers the first batch only).
  */
 object RestartLoad {
   private val Partitions = 4
@@ -69,8 +72,9 @@ object RestartLoad {
     val journals = opts.getOrElse("journals", "9").toInt
     val updates = opts.getOrElse("updates", "10000").toInt
     val runs = opts.getOrElse("runs", "3").toInt
-    require(keys >= Partitions && journals >= 0 && updates >= Partitions && runs >= 1,
-      s"--keys and --updates must be at least $Partitions, --journals at least 0, --runs at least 1")
+    val after = opts.getOrElse("after", "0").toInt
+    require(keys >= Partitions && journals >= 0 && updates >= Partitions && runs >= 1 && after >= 0,
+      s"--keys and --updates must be at least $Partitions, --journals and --after at least 0, --runs at least 1")
     // RocksDB's restart is measured by W1; this probe compares the two heap providers' loads.
     val providers = chosen(opts + ("providers" -> opts.getOrElse("providers", "hdfs,heapstate")))
     val stage = opts.getOrElse("stage", "full")
@@ -79,7 +83,7 @@ object RestartLoad {
       s"--stage $stage looks inside heapstate's load; run it with --providers heapstate")
     opts.get("phase") match {
       case Some("build") => build(providers.head, opts("root"), keys, journals, updates)
-      case Some("load") => load(providers.head, opts("root"), journals + 1, stage, keys / Partitions, updates, opts("out"))
+      case Some("load") => load(providers.head, opts("root"), journals + 1, stage, keys / Partitions, updates, after, opts("out"))
       case _ =>
         val root = Files.createTempDirectory("restart-load")
         val walls = mutable.LinkedHashMap.empty[String, Seq[Long]]
@@ -90,7 +94,7 @@ object RestartLoad {
               val cmd = Seq(javaBin) ++ heap ++ jvmOpens ++
                 Seq("-cp", System.getProperty("java.class.path"), "heapstate.bench.RestartLoad", "--phase", name,
                   "--providers", p.name, "--root", dir, "--keys", keys.toString, "--journals", journals.toString,
-                  "--updates", updates.toString, "--stage", stage) ++ extra
+                  "--updates", updates.toString, "--stage", stage, "--after", after.toString) ++ extra
               val code = new ProcessBuilder(cmd: _*).inheritIO().start().waitFor()
               if (code != 0) sys.error(s"the ${p.name} $name phase failed with exit code $code")
             }
@@ -200,7 +204,8 @@ object RestartLoad {
   }
 
   private def load(
-      p: Provider, root: String, version: Int, stage: String, keysPerPartition: Int, updates: Int, out: String): Unit = {
+      p: Provider, root: String, version: Int, stage: String, keysPerPartition: Int, updates: Int, after: Int,
+      out: String): Unit = {
     val scratch = Files.createTempDirectory("restart-load-warm-up")
     val warm = open(p, scratch.toString, 0)
     for (v <- 0 until 2) {
@@ -217,28 +222,40 @@ object RestartLoad {
       .filterNot(_.getName.contains("Concurrent")).map(_.getCollectionTime).sum
     val gcBefore = gcMs
     val start = System.nanoTime()
-    val loaded = try (0 until Partitions).map { part =>
+    val opened = new Array[StateStoreProvider](Partitions)
+    // Batch `b` after the restart (0: the restart's own) on every partition: each key it updates is
+    // read first, as an aggregation reads its state.
+    def batch(b: Int): Long = (0 until Partitions).map { part =>
       pool.submit(new Callable[Long] {
         def call(): Long = if (stage != "full") loadStage(root, part, stage, keysPerPartition) else {
-          // The restart's batch: each key it updates is read first, as an aggregation reads its state.
-          val store = open(p, root, part).getStore(version)
-          val rnd = new java.util.Random(1000L + part)
+          if (opened(part) == null) opened(part) = open(p, root, part)
+          val store = opened(part).getStore(version + b)
+          val rnd = new java.util.Random(1000L * (b + 1) + part)
           for (_ <- 0 until updates / Partitions) {
             val k = rnd.nextInt(keysPerPartition).toLong * Partitions + part
             require(store.get(key(k)) != null, s"key $k is missing from partition $part")
-            store.put(key(k), value(k, version + 1))
+            store.put(key(k), value(k, version + b + 1))
           }
           store.commit()
           store.metrics.numKeys
         }
       })
     }.map(_.get()).sum
-    finally pool.shutdown() // a failed partition must not leave the pool's threads keeping the JVM alive
-    val wall = (System.nanoTime() - start) / 1000000
-    val gc = gcMs - gcBefore
+    val (loaded, wall, gc, later) =
+      try {
+        val n = batch(0)
+        val wall = (System.nanoTime() - start) / 1000000
+        val gc = gcMs - gcBefore
+        // The batches after it: heapstate loads a share of the buckets still pending in each commit.
+        val later = (1 to (if (stage == "full") after else 0)).map { b =>
+          val t = System.nanoTime(); batch(b); (System.nanoTime() - t) / 1000000
+        }
+        (n, wall, gc, later)
+      } finally pool.shutdown() // a failed partition must not leave the pool's threads keeping the JVM alive
     val what = if (stage == "parse") "records" else "keys"
     val did = if (stage == "full") "first batch" else "load"
-    println(f"${p.name}%-18s $did wall $wall%5d ms (GC pauses $gc%4d ms), $loaded%,d $what")
+    println(f"${p.name}%-18s $did wall $wall%5d ms (GC pauses $gc%4d ms), $loaded%,d $what" +
+      (if (later.isEmpty) "" else s"; the ${later.size} batches after it: ${later.mkString(", ")} ms"))
     Files.writeString(Paths.get(out), wall.toString)
   }
 }

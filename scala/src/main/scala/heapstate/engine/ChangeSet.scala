@@ -30,11 +30,7 @@ final class ChangeSet(live: LiveState) {
    */
   def keyDelta: Long = {
     var delta = 0L
-    foreach { (key, value) =>
-      val inLive = live.contains(key)
-      if (Tombstone.is(value)) { if (inLive) delta -= 1 }
-      else if (!inLive) delta += 1
-    }
+    foreach((key, value) => delta += ChangeSet.keyDelta(live.contains(key), value))
     delta
   }
 
@@ -109,4 +105,10 @@ final class ChangeSet(live: LiveState) {
 
   /** Drops the changes and the memory behind them, once they are committed; counters stay. */
   def release(): Unit = { entries = new JHashMap[AnyRef, Array[Byte]](); byPrefix.foreach(_.clear()) }
+}
+
+object ChangeSet {
+  /** How changing a key to `value` (an entry, or [[Tombstone]]) moves the key count, given whether the key is `present`. */
+  def keyDelta(present: Boolean, value: Array[Byte]): Int =
+    if (Tombstone.is(value)) { if (present) -1 else 0 } else if (present) 0 else 1
 }

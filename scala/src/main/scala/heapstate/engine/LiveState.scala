@@ -199,8 +199,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
         val recorded = if (prior == null) Tombstone.bytes else prior
         entry.put(key, recorded)
         entryBytes += MemoryModel.undoEntry(recorded)
-        if (prior == null && !Tombstone.is(changed)) delta += 1
-        else if (prior != null && Tombstone.is(changed)) delta -= 1
+        delta += ChangeSet.keyDelta(prior != null, changed)
       }
       new PreparedCommit(version + 1, changes, entry, entryBytes, delta)
     }
@@ -236,7 +235,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
       }
       val counting = pending != null // the commit loaded every key of `entry`: the table knows them
       entry.forEach { (key, prior) =>
-        if (counting) pendingKeys += (if (Tombstone.is(prior)) 0 else 1) - (if (table.get(key) == null) 0 else 1)
+        if (counting) pendingKeys += ChangeSet.keyDelta(table.get(key) != null, prior)
         if (Tombstone.is(prior)) remove(key.bytes, key.hashCode) else store(prior, key.hashCode)
         undoBytes -= MemoryModel.undoEntry(prior)
       }

@@ -22,22 +22,27 @@ final case class EngineSettings(
  * slows each batch it overlaps a little, instead of a few batches a lot. The undo log keeps what
  * the snapshot still needs for as long as it runs. A paced snapshot gives up at its next pause
  * when a roll-back, reload or close waits for it: none of them should wait three times as long.
+ * `clock` (nanoseconds) and `park` are the system's, except in tests.
  */
-final class SnapshotPacer(dutyCycle: Double, abandon: () => Boolean) {
+final class SnapshotPacer(
+    dutyCycle: Double,
+    abandon: () => Boolean,
+    clock: () => Long = () => System.nanoTime(),
+    park: Long => Unit = java.util.concurrent.locks.LockSupport.parkNanos(_: Long)) {
+  require(dutyCycle > 0 && dutyCycle <= 1, s"a duty cycle in (0, 1], not $dutyCycle")
   private var bytes = 0L
-  private var chunkStarted = System.nanoTime()
+  private var chunkStarted = clock()
 
   /** Counts `n` bytes written; pauses after each chunk, and throws [[SnapshotPacer.Abandoned]] when `abandon()`. */
   def wrote(n: Int): Unit = {
     bytes += n
     if (bytes >= SnapshotPacer.Chunk) {
       if (abandon()) throw new SnapshotPacer.Abandoned
-      val busy = System.nanoTime() - chunkStarted
-      val rest = (busy * (1 - dutyCycle) / dutyCycle).toLong
-      if (rest > 0) java.util.concurrent.locks.LockSupport.parkNanos(rest)
+      val rest = ((clock() - chunkStarted) * (1 - dutyCycle) / dutyCycle).toLong
+      if (rest > 0) park(rest)
       if (abandon()) throw new SnapshotPacer.Abandoned
       bytes = 0
-      chunkStarted = System.nanoTime()
+      chunkStarted = clock()
     }
   }
 }

@@ -9,7 +9,7 @@ class SnapshotPacerSuite extends AnyFunSuite {
   private val MiB = 1 << 20
   private val Ms = 1000000L
 
-  /** A pacer on a clock that only moves when the test works (`chunk`) or the pacer parks. */
+  /** A pacer on a clock that only moves when the test works (`work`) or the pacer parks. */
   private final class Rig(dutyCycle: Double, abandonAfterParks: Int = Int.MaxValue) {
     var now = 0L
     var abandonNow = false

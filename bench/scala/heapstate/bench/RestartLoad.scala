@@ -141,16 +141,16 @@ object RestartLoad {
     provider
   }
 
-  private val keyProj = UnsafeProjection.create(keySchema)
-  private val valueProj = UnsafeProjection.create(valueSchema)
-  // A projection writes every row into one buffer of its own: rows are built under its lock, since
-  // the batch runs on two threads.
-  private def key(k: Long): UnsafeRow = keyProj.synchronized(keyProj(InternalRow(k)).copy())
+  // A projection writes every row into one buffer of its own, and the batch runs on two threads:
+  // one projection per thread, so the timed batch never waits on a lock to build a row.
+  private val keyProj = ThreadLocal.withInitial(() => UnsafeProjection.create(keySchema))
+  private val valueProj = ThreadLocal.withInitial(() => UnsafeProjection.create(valueSchema))
+  private def key(k: Long): UnsafeRow = keyProj.get()(InternalRow(k)).copy()
   private def value(k: Long, version: Int): UnsafeRow = {
     // Random-looking hex, like W1's sha2 payload: it compresses to about half, not to nothing.
     val rnd = new java.util.SplittableRandom(k * 1000003L + version)
     val hex = Array.fill[Byte](256)("0123456789abcdef".charAt(rnd.nextInt(16)).toByte)
-    valueProj.synchronized(valueProj(InternalRow(UTF8String.fromBytes(hex), true, version.toLong)).copy())
+    valueProj.get()(InternalRow(UTF8String.fromBytes(hex), true, version.toLong)).copy()
   }
 
   private def build(p: Provider, root: String, keys: Int, journals: Int, updates: Int): Unit = {

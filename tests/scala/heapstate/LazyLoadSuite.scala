@@ -82,6 +82,46 @@ class LazyLoadSuite extends AnyFunSuite {
     assert(contents(store) == model)
   }
 
+  test("a look-up copies one key out of a bucket not loaded; a second look-up there loads the bucket") {
+    val root = tempDir()
+    // 4 KiB buckets: the 1,000 keys of version 5 fall in 16 buckets, so look-ups share buckets.
+    val confs = Map("spark.sql.streaming.stateStore.heapstate.snapshotBucketBytes" -> "4096", Interval -> "5")
+    val at8 = build(root, confs)
+    val p = provider(root, confs)
+    var store = p.getStore(8, None, false, false)
+    val total = pending(store)
+    assert(total == 16, s"1,000 keys of about 41 bytes in 4 KiB buckets: 16 buckets, not $total")
+    assert(get(store, 1) == at8.get(1L) && get(store, 4242) == None)
+    assert(pending(store) == total, "a first look-up in a bucket loads none")
+    // 40 look-ups in 16 buckets: at least 24 are second ones, and load their bucket.
+    for (k <- 100L until 140L) assert(get(store, k) == at8.get(k), s"get($k)")
+    val afterReads = pending(store)
+    assert(afterReads < total && afterReads > 0, s"$afterReads of $total buckets pending")
+    // Changes to keys of buckets still pending: an update, a delete and an insert. None may be
+    // undone when the buckets load, nor counted twice.
+    val loadedNot = (0L until 1000L).filter(at8.contains).filterNot(k => k >= 100 && k < 140).take(300)
+    val (upd, del) = (loadedNot(0), loadedNot(1))
+    put(store, upd, -1); remove(store, del); put(store, 8888, 8)
+    val at9 = at8 + (upd -> -1L) - del + (8888L -> 8L)
+    store.commit()
+    store = p.getStore(9, None, false, false)
+    assert(store.metrics.numKeys == at9.size)
+    assert(get(store, upd) == Some(-1L) && get(store, del) == None && get(store, 8888) == Some(8L))
+    store.abort()
+    // Stepping back restores the deleted key and drops the inserted one, buckets still pending.
+    store = p.getStore(8, None, false, false)
+    assert(pending(store) > 0)
+    assert(store.metrics.numKeys == at8.size)
+    assert(get(store, upd) == at8.get(upd) && get(store, del) == at8.get(del) && get(store, 8888) == None)
+    assert(contents(store) == at8, "every bucket loaded over the keys looked up")
+    store.abort()
+    // Version 9 again, from files: the journal's delete holds as the buckets load.
+    val fresh = provider(root, confs)
+    val again = fresh.getStore(9, None, false, false)
+    assert(get(again, upd) == Some(-1L))
+    assert(contents(again) == at9)
+  }
+
   test("a state still loading steps back through undo") {
     val root = tempDir()
     val confs = Map(SmallBuckets, Interval -> "5", "spark.sql.streaming.stateStore.heapstate.undoVersions" -> "3")

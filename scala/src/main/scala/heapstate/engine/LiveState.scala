@@ -38,16 +38,21 @@ import heapstate.io.{SnapshotBuckets, StateFileException}
  *
  * == Loading lazily ==
  * A state rebuilt from a bucketed snapshot ([[beginLazy]]) starts with none of the snapshot's
- * keys in `table`: the snapshot is held as stored, and a bucket is decompressed into `table` the
- * first time a key of it is looked up, or by [[loadSome]] (a share after each commit) and
- * [[loadAll]]. So a restart's first batch pays for the buckets its keys fall in, not for the
- * whole state. The invariants that keep this exact:
- *  - every look-up of a key (get, contains, and the commit's look-up of each changed key) first
- *    loads the key's bucket, so a key the batches touched is never loaded again over its newer
- *    value, and no change is ever made to a key whose bucket is not loaded;
+ * keys in `table`: the snapshot is held as stored, and its buckets are decompressed into `table`
+ * by [[loadSome]] (a share after each commit) and [[loadAll]]. Before that, a look-up of a key
+ * the table does not know decompresses the key's bucket and copies out that one key's entry (a
+ * second look-up in the same bucket loads the whole bucket). So a restart's first batch pays for
+ * the keys it asks for, not for the whole state. The invariants that keep this exact:
  *  - the journals above the snapshot are applied first, into `table` (their entries are newer than
- *    the snapshot's) and, for their deletes, into `deleted`; a bucket loads only the keys found
- *    in neither;
+ *    the snapshot's) and, for their deletes, into `deleted`;
+ *  - a key is known once it has been looked up: found in its bucket, its entry goes into `table`;
+ *    absent, the key goes into `deleted` (a record "the snapshot has nothing for this key").
+ *    Every commit looks up each key it changes first, so no change is ever made to a key that is
+ *    not known;
+ *  - while a key's bucket is not loaded, removing the key from `table` (a commit's or a journal's
+ *    delete, a roll-back to before its insertion) also puts it in `deleted`;
+ *  - a bucket loads only the keys found in neither `table` nor `deleted`, so it never overwrites a
+ *    newer value or brings back a deleted key;
  *  - while buckets are pending, [[numKeys]] is the snapshot's key count plus every journal's and
  *    every commit's key delta; when the last bucket is in, it must equal `table`'s size;
  *  - iteration, prefix scans and snapshot views need every key: they load every bucket first
@@ -87,10 +92,36 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   def contains(key: Key): Boolean = get(key) != null
   /** The entry of the key `length` bytes at `base`/`offset` (hashing to `hash`), or null. */
   def get(base: AnyRef, offset: Long, length: Int, hash: Int): Array[Byte] = {
-    loadBucketOf(hash)
-    table.get(base, offset, length, hash)
+    val p = pending
+    if (p == null) table.get(base, offset, length, hash) else getPending(p, base, offset, length, hash)
   }
-  def get(key: Key): Array[Byte] = { loadBucketOf(key.hashCode); table.get(key) }
+  def get(key: Key): Array[Byte] = get(key.bytes, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.bytes.length, key.hashCode)
+
+  /**
+   * [[get]] while snapshot `p` is loading (see "Loading lazily"): the table, when it has the key;
+   * else nothing, when the key's bucket is in or the key is in `deleted`; else the first look-up
+   * in a bucket decompresses it and copies out this key's entry alone, and a second one loads the
+   * whole bucket (a bucket asked for again is likely asked for more).
+   */
+  private def getPending(p: LiveState.PendingSnapshot, base: AnyRef, offset: Long, length: Int, hash: Int): Array[Byte] =
+    synchronized {
+      if (p.failure != null) throw p.failure
+      val inTable = table.get(base, offset, length, hash)
+      val b = p.buckets.bucketOf(hash)
+      if (inTable != null || (pending ne p) || p.loaded.get(b)) inTable
+      else if (p.probed.get(b)) { load(p, b); table.get(base, offset, length, hash) }
+      else {
+        p.probed.set(b)
+        if (!p.deleted.isEmpty && p.deleted.contains(new KeyProbe(base, offset, length, hash))) null
+        else {
+          val entry = p.buckets.find(b, base, offset, length)
+          // Found, it goes into the table, which the bucket's load will not overwrite; not found,
+          // the key goes into `deleted`, so that asking again (as a commit does) decompresses nothing.
+          if (entry != null) store(entry, hash) else p.deleted.add(Key.copyOf(base, offset, length))
+          entry
+        }
+      }
+    }
 
   /** Every entry, once every pending bucket is loaded; with the guarantees of [[EntryTable.foreach]]. */
   def iterator: Iterator[Array[Byte]] = { loadAll(); table.iterator }
@@ -103,12 +134,8 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   }
 
   /** Loads a journal's delete record (single-threaded, before publication). */
-  def loadDelete(key: Array[Byte]): Unit = {
-    val hash = Key.hash(key, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.length)
-    remove(key, hash)
-    val p = pending
-    if (p != null) p.deleted.add(new Key(key, hash))
-  }
+  def loadDelete(key: Array[Byte]): Unit =
+    remove(key, Key.hash(key, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.length))
 
   /**
    * Starts this (empty, unpublished) state from `snapshot`, whose buckets load when their keys
@@ -130,12 +157,6 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   def journalLoaded(keyDelta: Option[Long]): Unit = if (pending != null) keyDelta match {
     case Some(d) => pendingKeys += d
     case None => loadAll()
-  }
-
-  /** Loads the bucket `hash` falls in, if a snapshot is still loading. */
-  private def loadBucketOf(hash: Int): Unit = {
-    val p = pending
-    if (p != null) load(p, p.buckets.bucketOf(hash))
   }
 
   /** Loads the next `n` buckets not loaded yet. */
@@ -264,8 +285,13 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     }
   }
 
-  /** Removes `key` (hashing to `hash`) from the table and the prefix index. */
+  /**
+   * Removes `key` (hashing to `hash`) from the table and the prefix index; while a snapshot is
+   * loading, also from the snapshot's buckets not loaded yet (through `deleted`).
+   */
   private def remove(key: Array[Byte], hash: Int): Unit = {
+    val p = pending
+    if (p != null && !p.loaded.get(p.buckets.bucketOf(hash))) p.deleted.add(new Key(key, hash))
     val previous = table.remove(key, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.length, hash)
     if (previous != null) {
       liveBytes -= MemoryModel.liveEntry(previous)
@@ -324,6 +350,8 @@ object LiveState {
   /** A snapshot being loaded bucket by bucket, and the keys journals deleted above it. */
   private final class PendingSnapshot(val buckets: SnapshotBuckets) {
     val loaded = new java.util.BitSet(buckets.buckets)
+    /** Buckets a look-up has decompressed once for one key (see [[LiveState.getPending]]). */
+    val probed = new java.util.BitSet(buckets.buckets)
     var remaining: Int = buckets.buckets
     /** No bucket below this one is left to load. */
     var next = 0

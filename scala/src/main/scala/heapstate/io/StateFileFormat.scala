@@ -695,11 +695,57 @@ final class SnapshotBuckets private[io] (
    * (`[key length: i32][key][value]`, a new array each) and the key's hash.
    */
   def read(b: Int)(onEntry: (Array[Byte], Int) => Unit): Unit = {
+    var n = 0
+    val records = scan(b) { (raw, pos, keyLength, valueLength) =>
+      n += 1
+      val entry = entryAt(raw, pos, keyLength, valueLength)
+      val hash = keyHash(entry, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET + 4, keyLength)
+      if (bucketOf(hash) != b) {
+        throw new StateFileException(path, version, s"bucket $b: record $n holds a key of bucket ${bucketOf(hash)}")
+      }
+      onEntry(entry, hash)
+      false
+    }
+    if (records >= 0 && records != index(3 * b + 2)) {
+      throw new StateFileException(path, version, s"bucket $b: it holds $records records, its index says ${index(3 * b + 2)}")
+    }
+  }
+
+  /**
+   * The entry of bucket `b` whose key is the `length` bytes at `base`/`offset`, or null: decompresses
+   * the bucket and compares keys, allocating only the entry found. It checks each record's framing
+   * as [[read]] does; the keys' buckets and the record count are left to [[read]].
+   */
+  def find(b: Int, base: AnyRef, offset: Long, length: Int): Array[Byte] = {
+    var found: Array[Byte] = null
+    scan(b) { (raw, pos, keyLength, valueLength) =>
+      val hit = keyLength == length && org.apache.spark.unsafe.array.ByteArrayMethods.arrayEquals(
+        raw, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET + pos + 5, base, offset, length)
+      if (hit) found = entryAt(raw, pos, keyLength, valueLength)
+      hit
+    }
+    found
+  }
+
+  /** A new entry array of the record at `pos` of a decompressed bucket. */
+  private def entryAt(raw: Array[Byte], pos: Int, keyLength: Int, valueLength: Int): Array[Byte] = {
+    val entry = new Array[Byte](4 + keyLength + valueLength)
+    org.apache.spark.unsafe.Platform.putInt(entry, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, keyLength)
+    System.arraycopy(raw, pos + 5, entry, 4, keyLength)
+    System.arraycopy(raw, pos + 9 + keyLength, entry, 4 + keyLength, valueLength)
+    entry
+  }
+
+  /**
+   * Decompresses bucket `b` and calls `visit(raw, position, key length, value length)` with each
+   * record in turn, checking its framing, until `visit` returns true. Returns the number of
+   * records visited when it went through all of them, or -1 when `visit` stopped it.
+   */
+  private def scan(b: Int)(visit: (Array[Byte], Int, Int, Int) => Boolean): Int = {
     def bad(reason: String, cause: Throwable = null) = new StateFileException(path, version, s"bucket $b: $reason", cause)
     val stored = index(3 * b)
     val rawLength = index(3 * b + 1)
-    val records = index(3 * b + 2)
-    if (records == 0) return
+    if (index(3 * b + 2) == 0) return 0
     val raw = new Array[Byte](rawLength)
     val (src, off) = body.slice(offsets(b), stored)
     try codec.blocks.decompress(src, off, stored, raw, rawLength)
@@ -715,17 +761,11 @@ final class SnapshotBuckets private[io] (
       if (valueLength < 0 || pos + 9L + keyLength + valueLength > rawLength) {
         throw bad(s"record ${n + 1} has a value length of $valueLength bytes")
       }
-      val entry = new Array[Byte](4 + keyLength + valueLength)
-      org.apache.spark.unsafe.Platform.putInt(entry, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, keyLength)
-      System.arraycopy(raw, pos + 5, entry, 4, keyLength)
-      System.arraycopy(raw, pos + 9 + keyLength, entry, 4 + keyLength, valueLength)
-      val hash = keyHash(entry, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET + 4, keyLength)
-      if (bucketOf(hash) != b) throw bad(s"record ${n + 1} holds a key of bucket ${bucketOf(hash)}")
-      onEntry(entry, hash)
       n += 1
+      if (visit(raw, pos, keyLength, valueLength)) return -1
       pos += 9 + keyLength + valueLength
     }
-    if (n != records) throw bad(s"it holds $n records, its index says $records")
+    n
   }
 
   override def close(): Unit = cleanable.clean()

@@ -100,8 +100,8 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   /**
    * [[get]] while snapshot `p` is loading (see "Loading lazily"): the table, when it has the key;
    * else nothing, when the key's bucket is in or the key is in `deleted`; else the first look-up
-   * in a bucket decompresses it and copies out this key's entry alone, and a second one loads the
-   * whole bucket (a bucket asked for again is likely asked for more).
+   * in a bucket decompresses it and copies out this key's entry alone, and a second one (of
+   * another key) loads the whole bucket (a bucket asked for again is likely asked for more).
    */
   private def getPending(p: LiveState.PendingSnapshot, base: AnyRef, offset: Long, length: Int, hash: Int): Array[Byte] =
     synchronized {
@@ -109,17 +109,15 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
       val inTable = table.get(base, offset, length, hash)
       val b = p.buckets.bucketOf(hash)
       if (inTable != null || (pending ne p) || p.loaded.get(b)) inTable
+      else if (!p.deleted.isEmpty && p.deleted.contains(new KeyProbe(base, offset, length, hash))) null
       else if (p.probed.get(b)) { load(p, b); table.get(base, offset, length, hash) }
       else {
         p.probed.set(b)
-        if (!p.deleted.isEmpty && p.deleted.contains(new KeyProbe(base, offset, length, hash))) null
-        else {
-          val entry = p.buckets.find(b, base, offset, length)
-          // Found, it goes into the table, which the bucket's load will not overwrite; not found,
-          // the key goes into `deleted`, so that asking again (as a commit does) decompresses nothing.
-          if (entry != null) store(entry, hash) else p.deleted.add(Key.copyOf(base, offset, length))
-          entry
-        }
+        val entry = p.buckets.find(b, base, offset, length)
+        // Found, it goes into the table, which the bucket's load will not overwrite; not found,
+        // the key goes into `deleted`, so that asking again (as a commit does) decompresses nothing.
+        if (entry != null) store(entry, hash) else p.deleted.add(Key.copyOf(base, offset, length))
+        entry
       }
     }
 
@@ -156,7 +154,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
    */
   def journalLoaded(keyDelta: Option[Long]): Unit = if (pending != null) keyDelta match {
     case Some(d) => pendingKeys += d
-    case None => loadAll()
+    case None => pending.countUnknown = true; loadAll()
   }
 
   /** Loads the next `n` buckets not loaded yet. */
@@ -189,7 +187,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
       p.loaded.set(b)
       p.remaining -= 1
       if (p.remaining == 0) {
-        if (table.size != pendingKeys) {
+        if (!p.countUnknown && table.size != pendingKeys) {
           p.failure = new StateFileException(p.buckets.path, p.buckets.version, s"it and the journals above it " +
             s"hold ${table.size} keys once loaded, but their key counts say $pendingKeys")
           throw p.failure
@@ -203,7 +201,8 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   /**
    * What committing `changes` as version `version + 1` will record: the undo entry (every changed
    * key's entry as of `version`, or [[Tombstone]]) and the change in the number of keys. Looks
-   * every changed key up, which loads its bucket; changes nothing that a reader could see.
+   * every changed key up (see "Loading lazily": a key looked up is known); changes nothing that a
+   * reader could see.
    */
   def prepareCommit(changes: ChangeSet): PreparedCommit = {
     val fromEmpty = pending == null && table.size == 0
@@ -254,7 +253,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
       if (entry eq LiveState.FromEmpty) {
         table.clear(); byPrefix.foreach(_.clear()); liveBytes = 0
       }
-      val counting = pending != null // the commit loaded every key of `entry`: the table knows them
+      val counting = pending != null // the commit looked up every key of `entry`: the table knows them
       entry.forEach { (key, prior) =>
         if (counting) pendingKeys += ChangeSet.keyDelta(table.get(key) != null, prior)
         if (Tombstone.is(prior)) remove(key.bytes, key.hashCode) else store(prior, key.hashCode)
@@ -356,6 +355,8 @@ object LiveState {
     /** No bucket below this one is left to load. */
     var next = 0
     val deleted = new JHashSet[Key]()
+    /** Set by a journal that records no key delta (format 1): the count is the table's once loaded. */
+    var countUnknown = false
     /** Set when the loaded keys did not add up: the state must not be used. */
     var failure: StateFileException = null
     def heldBytes: Long = buckets.heldBytes + 64L * deleted.size

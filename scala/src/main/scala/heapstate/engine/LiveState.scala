@@ -41,7 +41,7 @@ import heapstate.io.{SnapshotBuckets, StateFileException}
  * keys in `table`: the snapshot is held as stored, and its buckets are decompressed into `table`
  * by [[loadSome]] (a share after each commit) and [[loadAll]]. Before that, a look-up of a key
  * the table does not know decompresses the key's bucket and copies out that one key's entry (a
- * second look-up in the same bucket loads the whole bucket). So a restart's first batch pays for
+ * look-up of another key in the same bucket loads the whole bucket). So a restart's first batch pays for
  * the keys it asks for, not for the whole state. The invariants that keep this exact:
  *  - the journals above the snapshot are applied first, into `table` (their entries are newer than
  *    the snapshot's) and, for their deletes, into `deleted`;

@@ -713,8 +713,9 @@ final class SnapshotBuckets private[io] (
 
   /**
    * The entry of bucket `b` whose key is the `length` bytes at `base`/`offset`, or null: decompresses
-   * the bucket and compares keys, allocating only the entry found. It checks each record's framing
-   * as [[read]] does; the keys' buckets and the record count are left to [[read]].
+   * the bucket and compares keys, allocating only the entry found. It checks the framing of each
+   * record up to that one as [[read]] does; the keys' buckets and the record count are left to
+   * [[read]], which every bucket goes through when it loads whole.
    */
   def find(b: Int, base: AnyRef, offset: Long, length: Int): Array[Byte] = {
     var found: Array[Byte] = null

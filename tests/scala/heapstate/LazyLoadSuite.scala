@@ -15,9 +15,10 @@ import heapstate.io.{Codec, StateFileException, StateFiles}
 import heapstate.io.StateFileNames.Journal
 
 /**
- * A state rebuilt from a bucketed snapshot loads a bucket only when a key of it is asked for, and
- * the rest a share per commit. These tests look at states while they are still loading: through
- * `get` and `numKeys`, which load only the buckets they need, and only now and then through the
+ * A state rebuilt from a bucketed snapshot looks a key up in its bucket when the key is asked for
+ * (copying out that key, or loading the bucket on a second look-up there), and loads the buckets a
+ * share per commit. These tests look at states while they are still loading: through `get` and
+ * `numKeys`, which load at most the buckets they need, and only now and then through the
  * iterator, which loads every bucket.
  */
 class LazyLoadSuite extends AnyFunSuite {

@@ -31,8 +31,8 @@ import org.apache.spark.unsafe.types.UTF8String
  * (`-Xmx6g`, no `-Xms`) writes two small versions on a scratch store (as W1's restart warm-up
  * does: the write path is warm, the load path is not), and runs the restart's first batch on the
  * 4 partitions on two threads, as `local[2]` runs two tasks at once: `getStore`, then a get and a
- * put of each of U/4 keys drawn at random, and the commit. heapstate loads a snapshot's buckets
- * as keys are asked for, so its load is in the gets as much as in `getStore`.
+ * put of each of U/4 keys drawn at random, and the commit. heapstate decompresses a snapshot's
+ * buckets as their keys are asked for, so its load is in the gets as much as in `getStore`.
  *
  * {{{
  *   bin/sbt "bench/runMain heapstate.bench.RestartLoad"

@@ -22,10 +22,14 @@ object Key {
   def apply(bytes: Array[Byte]): Key = new Key(bytes, hash(bytes, Platform.BYTE_ARRAY_OFFSET, bytes.length))
 
   /** Copies `length` bytes at `base`/`offset` (for example an `UnsafeRow`'s) into a new key. */
-  def copyOf(base: AnyRef, offset: Long, length: Int): Key = {
+  def copyOf(base: AnyRef, offset: Long, length: Int): Key =
+    copyOf(base, offset, length, hash(base, offset, length))
+
+  /** [[copyOf]] for a caller that already has the bytes' hash. */
+  def copyOf(base: AnyRef, offset: Long, length: Int, hash: Int): Key = {
     val bytes = new Array[Byte](length)
     Platform.copyMemory(base, offset, bytes, Platform.BYTE_ARRAY_OFFSET, length)
-    apply(bytes)
+    new Key(bytes, hash)
   }
 }
 

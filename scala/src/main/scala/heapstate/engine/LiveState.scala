@@ -116,7 +116,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
         val entry = p.buckets.find(b, base, offset, length)
         // Found, it goes into the table, which the bucket's load will not overwrite; not found,
         // the key goes into `deleted`, so that asking again (as a commit does) decompresses nothing.
-        if (entry != null) store(entry, hash) else p.deleted.add(Key.copyOf(base, offset, length))
+        if (entry != null) store(entry, hash) else p.deleted.add(Key.copyOf(base, offset, length, hash))
         entry
       }
     }

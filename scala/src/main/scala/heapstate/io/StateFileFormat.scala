@@ -706,7 +706,7 @@ final class SnapshotBuckets private[io] (
       onEntry(entry, hash)
       false
     }
-    if (records >= 0 && records != index(3 * b + 2)) {
+    if (records != index(3 * b + 2)) { // never -1: the visitor never stops the scan
       throw new StateFileException(path, version, s"bucket $b: it holds $records records, its index says ${index(3 * b + 2)}")
     }
   }

@@ -38,7 +38,9 @@ import org.apache.spark.unsafe.types.UTF8String
  *   bin/sbt "bench/runMain heapstate.bench.RestartLoad"
  *   bin/sbt "bench/runMain heapstate.bench.RestartLoad --runs 5 --keys 1000000 --journals 9"
  * }}}
- * Prints each run's wall time, the GC pause time inside it, and the median per provider, with
+ * Prints each run's wall time, the GC pause time inside it, where the partitions spent it
+ * (`getStore`, the gets and puts, the commit; summed over the four, so about twice the wall time),
+ * and the median per provider, with
  * its ratio to HDFS's. The providers are HDFS and heapstate unless `--providers` says otherwise.
  *
  * `--stage` stops heapstate's load part of the way, to see where a cold load's time goes:
@@ -90,24 +92,35 @@ object RestartLoad {
         try {
           for (p <- providers) {
             val dir = root.resolve(p.name).toString
-            def phase(name: String, heap: Seq[String], extra: String*): Unit = {
+            def phase(name: String, heap: Seq[String], checkpoint: String, extra: String*): Unit = {
               val cmd = Seq(javaBin) ++ heap ++ jvmOpens ++
                 Seq("-cp", System.getProperty("java.class.path"), "heapstate.bench.RestartLoad", "--phase", name,
-                  "--providers", p.name, "--root", dir, "--keys", keys.toString, "--journals", journals.toString,
+                  "--providers", p.name, "--root", checkpoint, "--keys", keys.toString, "--journals", journals.toString,
                   "--updates", updates.toString, "--stage", stage, "--after", after.toString) ++ extra
               val code = new ProcessBuilder(cmd: _*).inheritIO().start().waitFor()
               if (code != 0) sys.error(s"the ${p.name} $name phase failed with exit code $code")
             }
-            phase("build", Seq("-Xms6g", "-Xmx6g"))
+            phase("build", Seq("-Xms6g", "-Xmx6g"), dir)
             walls(p.name) = (1 to runs).map { _ =>
+              // Each run restarts from its own copy of the checkpoint: a run's commit writes the
+              // next version, which must be new to every run, as it is in W1's restarts.
+              val copy = root.resolve(s"${p.name}-run")
+              copyRecursively(Paths.get(dir), copy)
               val out = Files.createTempFile(root, "load", ".txt")
-              phase("load", Seq("-Xmx6g"), "--out", out.toString)
+              try phase("load", Seq("-Xmx6g"), copy.toString, "--out", out.toString)
+              finally deleteRecursively(copy.toFile)
               Files.readString(out).trim.toLong
             }
           }
         } finally deleteRecursively(root.toFile)
         report(walls, keys, journals, updates, stage)
     }
+  }
+
+  private def copyRecursively(from: java.nio.file.Path, to: java.nio.file.Path): Unit = {
+    val walk = Files.walk(from)
+    try walk.forEach(src => Files.copy(src, to.resolve(from.relativize(src).toString)))
+    finally walk.close()
   }
 
   private val Stages = Seq("parse", "keep", "table", "sized", "arena", "full")
@@ -223,20 +236,29 @@ object RestartLoad {
     val gcBefore = gcMs
     val start = System.nanoTime()
     val opened = new Array[StateStoreProvider](Partitions)
+    // The first batch's time in getStore, in the gets and puts, and in commit, summed over partitions.
+    val phases = new Array[Long](3)
     // Batch `b` after the restart (0: the restart's own) on every partition: each key it updates is
     // read first, as an aggregation reads its state.
     def batch(b: Int): Long = (0 until Partitions).map { part =>
       pool.submit(new Callable[Long] {
         def call(): Long = if (stage != "full") loadStage(root, part, stage, keysPerPartition) else {
+          val t0 = System.nanoTime()
           if (opened(part) == null) opened(part) = open(p, root, part)
           val store = opened(part).getStore(version + b)
+          val t1 = System.nanoTime()
           val rnd = new java.util.Random(1000L * (b + 1) + part)
           for (_ <- 0 until updates / Partitions) {
             val k = rnd.nextInt(keysPerPartition).toLong * Partitions + part
             require(store.get(key(k)) != null, s"key $k is missing from partition $part")
             store.put(key(k), value(k, version + b + 1))
           }
+          val t2 = System.nanoTime()
           store.commit()
+          val t3 = System.nanoTime()
+          if (b == 0) phases.synchronized {
+            phases(0) += (t1 - t0) / 1000000; phases(1) += (t2 - t1) / 1000000; phases(2) += (t3 - t2) / 1000000
+          }
           store.metrics.numKeys
         }
       })
@@ -255,6 +277,8 @@ object RestartLoad {
     val what = if (stage == "parse") "records" else "keys"
     val did = if (stage == "full") "first batch" else "load"
     println(f"${p.name}%-18s $did wall $wall%5d ms (GC pauses $gc%4d ms), $loaded%,d $what" +
+      (if (stage != "full") "" else s"; summed over partitions: getStore ${phases(0)} ms, gets and puts " +
+        s"${phases(1)} ms, commit ${phases(2)} ms") +
       (if (later.isEmpty) "" else s"; the ${later.size} batches after it: ${later.mkString(", ")} ms"))
     Files.writeString(Paths.get(out), wall.toString)
   }

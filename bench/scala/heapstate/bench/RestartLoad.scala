@@ -39,9 +39,9 @@ import org.apache.spark.unsafe.types.UTF8String
  *   bin/sbt "bench/runMain heapstate.bench.RestartLoad --runs 5 --keys 1000000 --journals 9"
  * }}}
  * Prints each run's wall time, the GC pause time inside it, where the partitions spent it
- * (`getStore`, the gets and puts, the commit; summed over the four, so about twice the wall time),
- * and the median per provider, with
- * its ratio to HDFS's. The providers are HDFS and heapstate unless `--providers` says otherwise.
+ * (`init` and `getStore`, the gets and puts, the commit; summed over the four, so about twice the
+ * wall time), and the median per provider, with its ratio to HDFS's. The providers are HDFS and
+ * heapstate unless `--providers` says otherwise.
  *
  * `--stage` stops heapstate's load part of the way, to see where a cold load's time goes:
  *  - `parse` reads every file of the partition (decompressing, checking and parsing it) and drops
@@ -236,7 +236,7 @@ object RestartLoad {
     val gcBefore = gcMs
     val start = System.nanoTime()
     val opened = new Array[StateStoreProvider](Partitions)
-    // The first batch's time in getStore, in the gets and puts, and in commit, summed over partitions.
+    // The first batch's time in init and getStore, in the gets and puts, and in commit, summed over partitions.
     val phases = new Array[Long](3)
     // Batch `b` after the restart (0: the restart's own) on every partition: each key it updates is
     // read first, as an aggregation reads its state.
@@ -277,7 +277,7 @@ object RestartLoad {
     val what = if (stage == "parse") "records" else "keys"
     val did = if (stage == "full") "first batch" else "load"
     println(f"${p.name}%-18s $did wall $wall%5d ms (GC pauses $gc%4d ms), $loaded%,d $what" +
-      (if (stage != "full") "" else s"; summed over partitions: getStore ${phases(0)} ms, gets and puts " +
+      (if (stage != "full") "" else s"; summed over partitions: init and getStore ${phases(0)} ms, gets and puts " +
         s"${phases(1)} ms, commit ${phases(2)} ms") +
       (if (later.isEmpty) "" else s"; the ${later.size} batches after it: ${later.mkString(", ")} ms"))
     Files.writeString(Paths.get(out), wall.toString)

@@ -700,14 +700,12 @@ final class SnapshotBuckets private[io] (
       n += 1
       val entry = entryAt(raw, pos, keyLength, valueLength)
       val hash = keyHash(entry, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET + 4, keyLength)
-      if (bucketOf(hash) != b) {
-        throw new StateFileException(path, version, s"bucket $b: record $n holds a key of bucket ${bucketOf(hash)}")
-      }
+      if (bucketOf(hash) != b) throw bad(b, s"record $n holds a key of bucket ${bucketOf(hash)}")
       onEntry(entry, hash)
       false
     }
     if (records != index(3 * b + 2)) { // never -1: the visitor never stops the scan
-      throw new StateFileException(path, version, s"bucket $b: it holds $records records, its index says ${index(3 * b + 2)}")
+      throw bad(b, s"it holds $records records, its index says ${index(3 * b + 2)}")
     }
   }
 
@@ -743,24 +741,23 @@ final class SnapshotBuckets private[io] (
    * records visited when it went through all of them, or -1 when `visit` stopped it.
    */
   private def scan(b: Int)(visit: (Array[Byte], Int, Int, Int) => Boolean): Int = {
-    def bad(reason: String, cause: Throwable = null) = new StateFileException(path, version, s"bucket $b: $reason", cause)
     val stored = index(3 * b)
     val rawLength = index(3 * b + 1)
     if (index(3 * b + 2) == 0) return 0
     val raw = new Array[Byte](rawLength)
     val (src, off) = body.slice(offsets(b), stored)
     try codec.blocks.decompress(src, off, stored, raw, rawLength)
-    catch { case NonFatal(e) => throw bad(s"it does not decompress (${e.getClass.getSimpleName}: ${e.getMessage})", e) }
+    catch { case NonFatal(e) => throw bad(b, s"it does not decompress (${e.getClass.getSimpleName}: ${e.getMessage})", e) }
     var pos = 0
     var n = 0
     while (pos < rawLength) {
-      if (raw(pos) != RecordPut) throw bad(s"record ${n + 1} has type ${raw(pos)}, not a put")
-      if (pos + 9L > rawLength) throw bad(s"record ${n + 1} runs past the bucket's end")
+      if (raw(pos) != RecordPut) throw bad(b, s"record ${n + 1} has type ${raw(pos)}, not a put")
+      if (pos + 9L > rawLength) throw bad(b, s"record ${n + 1} runs past the bucket's end")
       val keyLength = getIntBE(raw, pos + 1)
-      if (keyLength < 0 || pos + 9L + keyLength > rawLength) throw bad(s"record ${n + 1} has a key length of $keyLength bytes")
+      if (keyLength < 0 || pos + 9L + keyLength > rawLength) throw bad(b, s"record ${n + 1} has a key length of $keyLength bytes")
       val valueLength = getIntBE(raw, pos + 5 + keyLength)
       if (valueLength < 0 || pos + 9L + keyLength + valueLength > rawLength) {
-        throw bad(s"record ${n + 1} has a value length of $valueLength bytes")
+        throw bad(b, s"record ${n + 1} has a value length of $valueLength bytes")
       }
       n += 1
       if (visit(raw, pos, keyLength, valueLength)) return -1
@@ -768,6 +765,10 @@ final class SnapshotBuckets private[io] (
     }
     n
   }
+
+  /** The error for damage found in bucket `b`, naming the file, its version and the bucket. */
+  private def bad(b: Int, reason: String, cause: Throwable = null) =
+    new StateFileException(path, version, s"bucket $b: $reason", cause)
 
   override def close(): Unit = cleanable.clean()
 }

@@ -105,7 +105,7 @@ object RestartLoad {
               // Each run restarts from its own copy of the checkpoint: a run's commit writes the
               // next version, which must be new to every run, as it is in W1's restarts.
               val copy = root.resolve(s"${p.name}-run")
-              copyRecursively(Paths.get(dir), copy)
+              org.apache.commons.io.FileUtils.copyDirectory(new java.io.File(dir), copy.toFile)
               val out = Files.createTempFile(root, "load", ".txt")
               try phase("load", Seq("-Xmx6g"), copy.toString, "--out", out.toString)
               finally deleteRecursively(copy.toFile)
@@ -115,12 +115,6 @@ object RestartLoad {
         } finally deleteRecursively(root.toFile)
         report(walls, keys, journals, updates, stage)
     }
-  }
-
-  private def copyRecursively(from: java.nio.file.Path, to: java.nio.file.Path): Unit = {
-    val walk = Files.walk(from)
-    try walk.forEach(src => Files.copy(src, to.resolve(from.relativize(src).toString)))
-    finally walk.close()
   }
 
   private val Stages = Seq("parse", "keep", "table", "sized", "arena", "full")

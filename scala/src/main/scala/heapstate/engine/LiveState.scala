@@ -74,6 +74,13 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   @volatile var version: Long = initialVersion
   @volatile private var liveBytes = 0L
   @volatile private var undoBytes = 0L
+  /**
+   * At least the newest version in `undo`, written right after each undo entry is published: a
+   * snapshot view of `s` reads it instead of asking the undo log whether anything lies above `s`
+   * (a skip-list search) for every entry. Roll-backs, which remove entries, may leave it too high,
+   * which costs only that search.
+   */
+  @volatile private var undoTop = 0L
 
   /** The snapshot whose buckets are not all in `table` yet (see "Loading lazily"), or null. */
   @volatile private var pending: LiveState.PendingSnapshot = null
@@ -233,6 +240,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     val newVersion = version + 1
     require(prepared.version == newVersion, s"a commit prepared as version ${prepared.version} applied at $newVersion")
     undo.put(newVersion, prepared.undoEntry) // published before any change to `table`
+    undoTop = newVersion
     undoBytes += prepared.undoBytes
     prepared.changes.foreach { (key, changed) => // the change set's own entries go into the table, uncopied
       if (Tombstone.is(changed)) remove(key.bytes, key.hashCode) else store(changed, key.hashCode)
@@ -319,7 +327,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   def writeSnapshotView(s: Long, emit: Array[Byte] => Unit): Unit = {
     require(pending == null, "a snapshot view of a state whose snapshot is still loading")
     val later = undo.tailMap(s, false)
-    def changedAfterS(entry: Array[Byte]): Boolean = !later.isEmpty && {
+    def changedAfterS(entry: Array[Byte]): Boolean = undoTop > s && !later.isEmpty && {
       val probe = new EntryKeyProbe(entry)
       val it = later.values().iterator()
       var found = false

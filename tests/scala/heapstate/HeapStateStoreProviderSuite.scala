@@ -105,6 +105,34 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     assert(e.getMessage.contains("11.hs-journal") || e.getMessage.contains("version 1"), e.getMessage)
   }
 
+  test("cleanup deletes the snapshots between the retained base and the newest one below the live version") {
+    val root = tempDir()
+    val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "3"), minVersionsToRetain = 100)
+    val model = scala.collection.mutable.Map.empty[Long, Long]
+    val byVersion = scala.collection.mutable.Map(0L -> Map.empty[Long, Long])
+    def snapshots = files(root).filter(_.endsWith(".hs-snapshot"))
+    for (v <- 0 until 12) {
+      val s = p.getStore(v, None, false, false)
+      put(s, v % 5, v); model((v % 5).toLong) = v
+      if (v % 4 == 3) { remove(s, (v + 1) % 5); model.remove(((v + 1) % 5).toLong) }
+      s.commit()
+      byVersion(v + 1L) = model.toMap
+      p.doMaintenance()
+    }
+    // Snapshots of versions 3, 6, 9 and 12. The one of 12 is at the live version, so 9 stays as
+    // well (a re-run of the last batch rebuilds 11 from it); 3 and 6 go, and every journal stays.
+    assert(snapshots == Seq("12.hs-snapshot", "9.hs-snapshot"))
+    assert((1 to 12).forall(v => files(root).contains(s"$v.hs-journal")), files(root))
+    val s = p.getStore(12, None, false, false); put(s, 7, 70); model(7L) = 70; s.commit()
+    byVersion(13L) = model.toMap
+    p.doMaintenance()
+    assert(snapshots == Seq("12.hs-snapshot"))
+    p.close()
+    // Every version is still rebuilt exactly, from version 0's empty state and the journals.
+    val fresh = provider(root)
+    for (v <- 0L to 13L) assert(contents(fresh.getReadStore(v, None)) == byVersion(v), s"version $v")
+  }
+
   test("a commit that makes a snapshot due starts it in the background, without maintenance") {
     val root = tempDir()
     val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "3"))
@@ -259,6 +287,9 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     val p = provider(root)
     val s = p.getStore(0, None, true, false); put(s, 1, 1); s.commit()
     assert(files(root) == Seq("1.hs-journal", "1.hs-snapshot"))
+    // New local files go through the raw file system: no Hadoop .crc beside them (each file
+    // carries its own checksums), and no temporary file left behind.
+    assert(storeDir(root).list().filter(_.startsWith(".")).isEmpty, storeDir(root).list().toSeq)
   }
 
   test("change feed and replay from a snapshot") {

@@ -17,40 +17,62 @@ final case class EngineSettings(
 
 /**
  * Spreads a background snapshot out in time: after every MiB of entries, it sleeps long enough
- * that writing takes at most `dutyCycle` of the snapshot's wall time. A snapshot competes with the
- * tasks for the cores (compressing a 300 MB state takes about a second of one core); paced, it
- * slows each batch it overlaps a little, instead of a few batches a lot. The undo log keeps what
- * the snapshot still needs for as long as it runs. A paced snapshot gives up at its next pause
- * when a roll-back, reload or close waits for it: none of them should wait three times as long.
- * `clock` (nanoseconds) and `park` are the system's, except in tests.
+ * that the snapshot thread uses at most `dutyCycle` of one core over the snapshot's wall time. A
+ * snapshot competes with the tasks for the cores (compressing a 300 MB state takes about a second
+ * of one core); paced, it slows each batch it overlaps a little, instead of a few batches a lot.
+ *
+ * The share is counted in the thread's CPU time (`cpuClock`), not in the wall time it worked: a
+ * chunk that took 10 ms of CPU is followed by a rest that makes its cycle last 10 ms / `dutyCycle`.
+ * Paced by wall time, a snapshot that waits for a core while the tasks run counts that wait as
+ * work and rests all the longer, and gets far less than its share on a busy machine: at a third,
+ * a W1 store's snapshot took 6 or more batches, and the snapshots of four stores fell further
+ * behind their interval with every round.
+ *
+ * The undo log keeps what the snapshot still needs for as long as it runs. A paced snapshot gives
+ * up at its next pause when a roll-back, reload or close waits for it: none of them should wait
+ * three times as long. `clock` (wall nanoseconds), `cpuClock` (this thread's CPU nanoseconds) and
+ * `park` are the system's, except in tests.
  */
 final class SnapshotPacer(
     dutyCycle: Double,
     abandon: () => Boolean,
     clock: () => Long = () => System.nanoTime(),
-    park: Long => Unit = java.util.concurrent.locks.LockSupport.parkNanos(_: Long)) {
+    park: Long => Unit = java.util.concurrent.locks.LockSupport.parkNanos(_: Long),
+    cpuClock: () => Long = SnapshotPacer.threadCpuClock) {
   require(dutyCycle > 0 && dutyCycle <= 1, s"a duty cycle in (0, 1], not $dutyCycle")
   private var bytes = 0L
   private var chunkStarted = clock()
+  private var chunkCpu = cpuClock()
 
   /** Counts `n` bytes written; pauses after each chunk, and throws [[SnapshotPacer.Abandoned]] when `abandon()`. */
   def wrote(n: Int): Unit = {
     bytes += n
     if (bytes >= SnapshotPacer.Chunk) {
       if (abandon()) throw new SnapshotPacer.Abandoned
-      val rest = ((clock() - chunkStarted) * (1 - dutyCycle) / dutyCycle).toLong
+      val rest = ((cpuClock() - chunkCpu) / dutyCycle).toLong - (clock() - chunkStarted)
       if (rest > 0) park(rest)
       if (abandon()) throw new SnapshotPacer.Abandoned
       bytes = 0
       chunkStarted = clock()
+      chunkCpu = cpuClock()
     }
   }
 }
 
 object SnapshotPacer {
-  /** A third: a snapshot runs three times as long as unpaced, and takes a third of a core. */
+  /** A third: a snapshot takes a third of a core, and runs at least three times as long as unpaced. */
   val DefaultDutyCycle: Double = 1.0 / 3
   private val Chunk = 1L << 20
+
+  /**
+   * The calling thread's CPU time in nanoseconds; its wall time (`System.nanoTime`) where the JVM
+   * cannot measure thread CPU time, which paces as if the thread never waited for a core.
+   */
+  val threadCpuClock: () => Long = {
+    val threads = java.lang.management.ManagementFactory.getThreadMXBean
+    if (threads.isCurrentThreadCpuTimeSupported && threads.isThreadCpuTimeEnabled) () => threads.getCurrentThreadCpuTime
+    else () => System.nanoTime()
+  }
 
   /** A paced snapshot gave up because a task or close needs the state; its file is not kept. */
   final class Abandoned extends Exception("snapshot abandoned", null, false, false)
@@ -264,8 +286,15 @@ final class StateEngine(
   /**
    * Deletes files that no retained version needs. The newest `minVersionsToRetain` versions up to
    * the live one stay recoverable: the newest snapshot of the live lineage at or below the oldest
-   * of them is kept, with every journal above it; everything older goes. In format v2, files of
-   * abandoned attempts above that snapshot wait until they fall below a later one.
+   * of them (the base) is kept, with every journal above it; everything older goes. In format v2,
+   * files of abandoned attempts above that snapshot wait until they fall below a later one.
+   *
+   * Snapshots between the base and the newest one below the live version are deleted too: every
+   * version between them is rebuilt from the base and the journals, which stay. What stays is the
+   * newest snapshot a restart, or a re-run of the last batch, starts from (at or below the live
+   * version minus one), any above it, and the base. Without this, a store that snapshots every
+   * `compactionInterval` versions keeps `minVersionsToRetain / compactionInterval` snapshots (ten
+   * with Spark's defaults) that only a request for an older version would use.
    */
   def cleanup(): Seq[StateFile] = {
     val (st, liveId) = synchronized { val s = state; (s, if (s == null) None else Option(lineageIds.get(s.version))) }
@@ -277,12 +306,25 @@ final class StateEngine(
     val oldestRetained = latest - settings.minVersionsToRetain + 1
     val walk = Lineage.walk(all, latest, liveId)
     val base = walk.snapshots.filter(_.version <= oldestRetained).map(_.version).maxOption
-    base.toSeq.flatMap { b =>
-      val doomed = all.filter(f => f.version < b || (f.kind == Journal && f.version == b))
-      doomed.foreach(f => files.delete(f.path))
-      if (doomed.nonEmpty) log.info(s"Deleted ${doomed.size} files below version $b in ${files.dir}")
-      doomed
+    val below = base.toSeq.flatMap(b => all.filter(f => f.version < b || (f.kind == Journal && f.version == b)))
+    // The oldest version the lineage's files rebuild from: the base, the empty version 0 when the
+    // journals reach it, or else the snapshot where the journals stop.
+    val floor = base.orElse {
+      if (walk.reachedZero) Some(0L) else walk.snapshots.map(_.version).filter(v => walk.missing.exists(_ <= v)).minOption
     }
+    val restartFrom = walk.snapshots.map(_.version).filter(_ < latest).maxOption
+    val between = (floor, restartFrom) match {
+      case (Some(f), Some(r)) => walk.snapshots.filter(s => s.version > f && s.version < r)
+      case _ => Nil
+    }
+    val doomed = below ++ between
+    doomed.foreach(f => files.delete(f.path))
+    if (below.nonEmpty) log.info(s"Deleted ${below.size} files below version ${base.get} in ${files.dir}")
+    if (between.nonEmpty) {
+      log.info(s"Deleted ${between.size} snapshots between versions ${floor.get} and ${restartFrom.get} in " +
+        s"${files.dir} (versions ${between.map(_.version).mkString(", ")}): the journals rebuild them from version ${floor.get}")
+    }
+    doomed
   }
 
   /**

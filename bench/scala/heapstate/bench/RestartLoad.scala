@@ -132,7 +132,7 @@ object RestartLoad {
     }
   }
 
-  private def open(p: Provider, root: String, partition: Int): StateStoreProvider = {
+  private[bench] def open(p: Provider, root: String, partition: Int): StateStoreProvider = {
     val sql = new SQLConf()
     sql.setConfString("spark.sql.streaming.minBatchesToRetain", "100")
     // No snapshot above version 1 for either provider, whatever the timing of a background one.
@@ -152,8 +152,8 @@ object RestartLoad {
   // one projection per thread, so the timed batch never waits on a lock to build a row.
   private val keyProj = ThreadLocal.withInitial(() => UnsafeProjection.create(keySchema))
   private val valueProj = ThreadLocal.withInitial(() => UnsafeProjection.create(valueSchema))
-  private def key(k: Long): UnsafeRow = keyProj.get()(InternalRow(k)).copy()
-  private def value(k: Long, version: Int): UnsafeRow = {
+  private[bench] def key(k: Long): UnsafeRow = keyProj.get()(InternalRow(k)).copy()
+  private[bench] def value(k: Long, version: Int): UnsafeRow = {
     // Random-looking hex, like W1's sha2 payload: it compresses to about half, not to nothing.
     val rnd = new java.util.SplittableRandom(k * 1000003L + version)
     val hex = Array.fill[Byte](256)("0123456789abcdef".charAt(rnd.nextInt(16)).toByte)

@@ -1,0 +1,52 @@
+package heapstate.bench
+
+import heapstate.bench.BenchStores._
+
+import java.nio.file.Files
+
+/**
+ * How much work one heapstate snapshot of a W1 store is: the CPU time that a background snapshot
+ * spreads over the batches it overlaps (paced to a third of a core, it lasts at least three times
+ * as long). One store of `--keys` keys shaped as [[RestartLoad]]'s (W1's 1M keys in 4 partitions
+ * make 250,000 a store), in this JVM; then `--runs` pairs of versions of 2,500 updates each, the
+ * first committed plainly and the second with `forceSnapshotOnCommit`, which writes the snapshot
+ * unpaced inside the commit. Prints each commit's time, and the median of the forced ones minus
+ * the median of the plain ones: the snapshot.
+ * {{{
+ *   bin/sbt "bench/runMain heapstate.bench.SnapshotWrite"
+ *   bin/sbt "bench/runMain heapstate.bench.SnapshotWrite --keys 250000 --runs 5"
+ * }}}
+ */
+object SnapshotWrite {
+  def main(args: Array[String]): Unit = {
+    val opts = options(args)
+    val keys = opts.getOrElse("keys", "250000").toInt
+    val runs = opts.getOrElse("runs", "5").toInt
+    val updates = 2500
+    val root = Files.createTempDirectory("snapshot-write")
+    val p = Providers.find(_.name == "heapstate").get
+    val provider = RestartLoad.open(p, root.toString, 0)
+    try {
+      val first = provider.getStore(0)
+      for (k <- 0 until keys) first.put(RestartLoad.key(k), RestartLoad.value(k, 0))
+      first.commit()
+      val rnd = new java.util.Random(1)
+      val plain, forced = Seq.newBuilder[Long]
+      for (v <- 1 to 2 * runs) {
+        val force = v % 2 == 0
+        val store = provider.getStore(v.toLong, None, forceSnapshotOnCommit = force, loadEmpty = false)
+        for (_ <- 0 until updates) { val k = rnd.nextInt(keys).toLong; store.put(RestartLoad.key(k), RestartLoad.value(k, v)) }
+        val started = System.nanoTime()
+        store.commit()
+        val ms = (System.nanoTime() - started) / 1000000
+        (if (force) forced else plain) += ms
+        println(s"version ${v + 1}: commit ${if (force) "with a snapshot" else "alone"} $ms ms")
+      }
+      val (a, s) = (median(plain.result()), median(forced.result()))
+      println(f"%nSnapshot of $keys%,d keys: commit with it $s ms, alone $a ms (medians of $runs): the snapshot ${s - a} ms")
+    } finally {
+      provider.close()
+      deleteRecursively(root.toFile)
+    }
+  }
+}

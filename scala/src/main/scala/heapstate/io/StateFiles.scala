@@ -138,9 +138,10 @@ object StateFiles {
 
   /**
    * The FileSystem-based manager, writing its temporary files through the raw local file system:
-   * no `.crc` beside each file (heapstate's files carry their own CRC-32C, and Spark's default
-   * manager writes none either), and the writer's 64 KiB writes go to the disk as they are,
-   * instead of as one `write` call per 4.5 KiB of checksummed chunks.
+   * no Hadoop `.crc` beside each file (heapstate's files carry their own CRC-32C checksums, which
+   * every read checks), half as many files per version, and the writer's 64 KiB writes go to the
+   * disk as they are, instead of as one `write` call per 4.5 KiB of checksummed chunks. Nothing
+   * read the `.crc`: Spark's default manager opens local files without checking it.
    */
   private final class LocalFileManager(dir: Path, hadoopConf: Configuration)
     extends FileSystemBasedCheckpointFileManager(dir, hadoopConf) {

@@ -100,9 +100,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def file_bound(retain: int, interval: int) -> dict[str, int]:
     """Files a heapstate store folder needs after cleanup: journals above the newest snapshot at
-    or below the oldest retained version (at most ``retain - 1 + interval`` of them, the base
-    snapshot's own journal being deleted), and the snapshots from that base up."""
-    journals = retain - 1 + interval
+    or below the oldest retained version (at most ``retain - 1 + gap`` of them, the base
+    snapshot's own journal being deleted), and the snapshots from that base up. ``gap`` is the
+    widest gap cleanup leaves between the snapshots it keeps, ``max(interval, retain // 2)``
+    (``StateEngine.thinningGap``); thinning only ever removes snapshots, so the count of snapshots
+    one per ``interval`` versions would need still bounds them."""
+    journals = retain - 1 + max(interval, retain // 2)
     snapshots = math.ceil(journals / interval) + 1
     return {"journals": journals, "snapshots": snapshots}
 

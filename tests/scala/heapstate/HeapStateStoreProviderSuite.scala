@@ -133,6 +133,66 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     for (v <- 0L to 13L) assert(contents(fresh.getReadStore(v, None)) == byVersion(v), s"version $v")
   }
 
+  test("thinned snapshots keep the base advancing: journals stay within the retained versions plus the gap") {
+    val root = tempDir()
+    // Retain 8 versions, a snapshot every 2: the gap between kept snapshots is 8 / 2 = 4 versions,
+    // so a store keeps at most 8 - 1 + 4 = 11 journals.
+    val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "2"), minVersionsToRetain = 8)
+    val model = scala.collection.mutable.Map.empty[Long, Long]
+    val byVersion = scala.collection.mutable.Map.empty[Long, Map[Long, Long]]
+    var mostJournals = 0
+    for (v <- 0 until 40) {
+      val s = p.getStore(v, None, false, false)
+      put(s, v % 7, v); model((v % 7).toLong) = v
+      s.commit()
+      byVersion(v + 1L) = model.toMap
+      p.doMaintenance()
+      mostJournals = math.max(mostJournals, files(root).count(_.endsWith(".hs-journal")))
+    }
+    assert(mostJournals <= 11, s"$mostJournals journals at most: ${files(root)}")
+    // At version 40 the oldest retained version is 33: base 32, then 36 (the farthest within 4 of
+    // it), 38 (a restart's start) and 40; 34 is gone, and journals 33 to 40 stay.
+    assert(files(root).filter(_.endsWith(".hs-snapshot")) == Seq("32.hs-snapshot", "36.hs-snapshot", "38.hs-snapshot", "40.hs-snapshot"))
+    assert(files(root).count(_.endsWith(".hs-journal")) == 8, files(root))
+    p.close()
+    val fresh = provider(root)
+    for (v <- 33L to 40L) assert(contents(fresh.getReadStore(v, None)) == byVersion(v), s"version $v")
+  }
+
+  test("cleanup deletes no snapshot above the base while files above the live version exist") {
+    val root = tempDir()
+    val every3 = Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "3")
+    def snapshots = files(root).filter(_.endsWith(".hs-snapshot"))
+    val behind = provider(root, every3, minVersionsToRetain = 100)
+    for (v <- 0 until 7) { val s = behind.getStore(v, None, false, false); put(s, v, v); s.commit(); behind.doSnapshotMaintenance() }
+    assert(snapshots == Seq("3.hs-snapshot", "6.hs-snapshot"))
+    // Another instance of the store (a task moved to another executor) goes on to version 9.
+    val ahead = provider(root, every3, minVersionsToRetain = 100)
+    for (v <- 7 until 9) { val s = ahead.getStore(v, None, false, false); put(s, v, v); s.commit() }
+    behind.doCleanupMaintenance()
+    assert(snapshots == Seq("3.hs-snapshot", "6.hs-snapshot"), "the instance at version 7 is behind: it keeps them")
+    ahead.doMaintenance() // writes snapshot 9; 6 is the one below the live version, 3 goes
+    assert(snapshots == Seq("6.hs-snapshot", "9.hs-snapshot"))
+    assert(contents(provider(root).getReadStore(9, None)) == (0L until 9L).map(k => k -> k).toMap)
+  }
+
+  test("cleanup keeps the snapshot a rebuild used in place of a damaged newer one") {
+    val root = tempDir()
+    def snapshots = files(root).filter(_.endsWith(".hs-snapshot"))
+    val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "3"), minVersionsToRetain = 100)
+    for (v <- 0 until 9) { val s = p.getStore(v, None, false, false); put(s, v, v); s.commit(); p.doSnapshotMaintenance() }
+    p.close()
+    assert(snapshots == Seq("3.hs-snapshot", "6.hs-snapshot", "9.hs-snapshot"))
+    val raf = new RandomAccessFile(new File(storeDir(root), "9.hs-snapshot"), "rw")
+    raf.seek(raf.length() / 2); val b = raf.read(); raf.seek(raf.length() / 2); raf.write(b ^ 0xff); raf.close()
+    // No snapshot falls due in this instance: the one it rebuilt from (6) is the newest it trusts.
+    val fresh = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "100"), minVersionsToRetain = 100)
+    val s = fresh.getStore(9, None, false, false); put(s, 9, 9); s.commit()
+    fresh.doMaintenance()
+    assert(snapshots == Seq("6.hs-snapshot", "9.hs-snapshot"), "6 stays: 9 is damaged")
+    assert(contents(fresh.getReadStore(10, None)) == (0L until 10L).map(k => k -> k).toMap)
+  }
+
   test("a commit that makes a snapshot due starts it in the background, without maintenance") {
     val root = tempDir()
     val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "3"))

@@ -241,6 +241,9 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     require(prepared.version == newVersion, s"a commit prepared as version ${prepared.version} applied at $newVersion")
     undo.put(newVersion, prepared.undoEntry) // published before any change to `table`
     undoTop = newVersion
+    // A volatile write keeps the writes before it in place, not the ones after: the fence keeps
+    // the table's changes below from becoming visible before `undoTop` (see writeSnapshotView).
+    java.lang.invoke.VarHandle.storeStoreFence()
     undoBytes += prepared.undoBytes
     prepared.changes.foreach { (key, changed) => // the change set's own entries go into the table, uncopied
       if (Tombstone.is(changed)) remove(key.bytes, key.hashCode) else store(changed, key.hashCode)
@@ -327,12 +330,17 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   def writeSnapshotView(s: Long, emit: Array[Byte] => Unit): Unit = {
     require(pending == null, "a snapshot view of a state whose snapshot is still loading")
     val later = undo.tailMap(s, false)
-    def changedAfterS(entry: Array[Byte]): Boolean = undoTop > s && !later.isEmpty && {
-      val probe = new EntryKeyProbe(entry)
-      val it = later.values().iterator()
-      var found = false
-      while (!found && it.hasNext) { val u = it.next(); found = (u eq LiveState.FromEmpty) || u.containsKey(probe) }
-      found
+    // The entry was read before this; the fence keeps the read of `undoTop` after it, so that an
+    // entry a commit after `s` stored is always followed by seeing that commit's `undoTop`.
+    def changedAfterS(entry: Array[Byte]): Boolean = {
+      java.lang.invoke.VarHandle.loadLoadFence()
+      undoTop > s && !later.isEmpty && {
+        val probe = new EntryKeyProbe(entry)
+        val it = later.values().iterator()
+        var found = false
+        while (!found && it.hasNext) { val u = it.next(); found = (u eq LiveState.FromEmpty) || u.containsKey(probe) }
+        found
+      }
     }
     // The entry is taken first, then the undo log is consulted (see the class comment).
     table.foreach(entry => if (!changedAfterS(entry)) emit(entry))

@@ -140,8 +140,7 @@ object StateFiles {
    * The FileSystem-based manager, writing its temporary files through the raw local file system:
    * no Hadoop `.crc` beside each file (heapstate's files carry their own CRC-32C checksums, which
    * every read checks), half as many files per version, and the writer's 64 KiB writes go to the
-   * disk as they are, instead of as one `write` call per 4.5 KiB of checksummed chunks. Nothing
-   * read the `.crc`: Spark's default manager opens local files without checking it.
+   * disk as they are, instead of as one `write` call per 4.5 KiB of checksummed chunks.
    */
   private final class LocalFileManager(dir: Path, hadoopConf: Configuration)
     extends FileSystemBasedCheckpointFileManager(dir, hadoopConf) {

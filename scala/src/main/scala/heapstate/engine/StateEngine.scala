@@ -290,6 +290,14 @@ final class StateEngine(
   }
 
   /**
+   * The widest gap between the snapshots cleanup keeps below the newest: half the retained
+   * versions, and never less than `compactionInterval` (which thins nothing, since snapshots are at
+   * least that far apart). With Spark's defaults (100 retained, compaction every 10) a store keeps
+   * four or five snapshots instead of about eleven, and up to 149 journals instead of 109.
+   */
+  private def thinningGap: Long = math.max(settings.compactionInterval.toLong, settings.minVersionsToRetain / 2L)
+
+  /**
    * Deletes files that no retained version needs. The newest `minVersionsToRetain` versions up to
    * the live one stay recoverable: the newest snapshot of the live lineage at or below the oldest
    * of them (the base) is kept, with every journal above it; everything older goes. In format v2,
@@ -300,22 +308,14 @@ final class StateEngine(
    * stays is the base, the newest snapshot a restart or a re-run of the last batch starts from (at
    * or below the live version minus one), any above it, and between those a chain with no gap
    * wider than [[thinningGap]] versions: each later base is one of those, so the base keeps
-   * advancing and a store keeps at most `minVersionsToRetain - 1 + thinningGap` journals. Without
-   * this, a store that snapshots every `compactionInterval` versions keeps
-   * `minVersionsToRetain / compactionInterval` snapshots (ten with Spark's defaults) that only a
-   * request for an older version would use. Two cases delete none of them: files above the live
-   * version (another instance of the store, on another executor, may be ahead, and one of these
-   * snapshots may be its base), and a snapshot this engine found damaged is never the one kept for
-   * restarts.
+   * advancing and a store keeps about `minVersionsToRetain - 1 + thinningGap` journals at most.
+   * Without this, a store that snapshots every `compactionInterval` versions keeps
+   * `minVersionsToRetain / compactionInterval + 1` snapshots (about eleven with Spark's defaults)
+   * that only a request for an older version would use. Two cases delete none of them: files
+   * above the live version (another instance of the store, on another executor, may be ahead, and
+   * one of these snapshots may be its base), and a snapshot this engine found damaged is never the
+   * one kept for restarts.
    */
-  /**
-   * The widest gap between the snapshots cleanup keeps below the newest: half the retained
-   * versions, and never less than `compactionInterval` (which thins nothing, since snapshots are at
-   * least that far apart). With Spark's defaults (100 retained, compaction every 10) a store keeps
-   * four or five snapshots instead of about eleven, and up to 149 journals instead of 109.
-   */
-  private def thinningGap: Long = math.max(settings.compactionInterval.toLong, settings.minVersionsToRetain / 2L)
-
   def cleanup(): Seq[StateFile] = {
     val (st, liveId) = synchronized { val s = state; (s, if (s == null) None else Option(lineageIds.get(s.version))) }
     val all = files.list()
@@ -351,7 +351,8 @@ final class StateEngine(
     if (below.nonEmpty) log.info(s"Deleted ${below.size} files below version ${base.get} in ${files.dir}")
     if (between.nonEmpty) {
       log.info(s"Deleted ${between.size} snapshots between versions ${floor.get} and ${restartFrom.get} in " +
-        s"${files.dir} (versions ${between.map(_.version).mkString(", ")}): the journals rebuild them from version ${floor.get}")
+        s"${files.dir} (versions ${between.map(_.version).mkString(", ")}): older snapshots kept and the journals " +
+        "rebuild what they held")
     }
     doomed
   }

@@ -334,7 +334,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     // entry a commit after `s` stored is always followed by seeing that commit's `undoTop`.
     def changedAfterS(entry: Array[Byte]): Boolean = {
       java.lang.invoke.VarHandle.loadLoadFence()
-      undoTop > s && !later.isEmpty && {
+      undoTop > s && {
         val probe = new EntryKeyProbe(entry)
         val it = later.values().iterator()
         var found = false

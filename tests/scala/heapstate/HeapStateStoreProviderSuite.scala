@@ -13,6 +13,7 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
 
   private def files(root: String): Seq[String] =
     Option(storeDir(root).listFiles).toSeq.flatten.map(_.getName).filterNot(_.startsWith(".")).sorted
+  private def snapshots(root: String): Seq[String] = files(root).filter(_.endsWith(".hs-snapshot"))
 
   test("put, get, remove, commit, and a fresh provider reads the committed version") {
     val root = tempDir()
@@ -110,7 +111,6 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "3"), minVersionsToRetain = 100)
     val model = scala.collection.mutable.Map.empty[Long, Long]
     val byVersion = scala.collection.mutable.Map(0L -> Map.empty[Long, Long])
-    def snapshots = files(root).filter(_.endsWith(".hs-snapshot"))
     for (v <- 0 until 12) {
       val s = p.getStore(v, None, false, false)
       put(s, v % 5, v); model((v % 5).toLong) = v
@@ -121,12 +121,12 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     }
     // Snapshots of versions 3, 6, 9 and 12. The one of 12 is at the live version, so 9 stays as
     // well (a re-run of the last batch rebuilds 11 from it); 3 and 6 go, and every journal stays.
-    assert(snapshots == Seq("12.hs-snapshot", "9.hs-snapshot"))
+    assert(snapshots(root) == Seq("12.hs-snapshot", "9.hs-snapshot"))
     assert((1 to 12).forall(v => files(root).contains(s"$v.hs-journal")), files(root))
     val s = p.getStore(12, None, false, false); put(s, 7, 70); model(7L) = 70; s.commit()
     byVersion(13L) = model.toMap
     p.doMaintenance()
-    assert(snapshots == Seq("12.hs-snapshot"))
+    assert(snapshots(root) == Seq("12.hs-snapshot"))
     p.close()
     // Every version is still rebuilt exactly, from version 0's empty state and the journals.
     val fresh = provider(root)
@@ -152,7 +152,7 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     assert(mostJournals <= 11, s"$mostJournals journals at most: ${files(root)}")
     // At version 40 the oldest retained version is 33: base 32, then 36 (the farthest within 4 of
     // it), 38 (a restart's start) and 40; 34 is gone, and journals 33 to 40 stay.
-    assert(files(root).filter(_.endsWith(".hs-snapshot")) == Seq("32.hs-snapshot", "36.hs-snapshot", "38.hs-snapshot", "40.hs-snapshot"))
+    assert(snapshots(root) == Seq("32.hs-snapshot", "36.hs-snapshot", "38.hs-snapshot", "40.hs-snapshot"))
     assert(files(root).count(_.endsWith(".hs-journal")) == 8, files(root))
     p.close()
     val fresh = provider(root)
@@ -162,34 +162,32 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
   test("cleanup deletes no snapshot above the base while files above the live version exist") {
     val root = tempDir()
     val every3 = Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "3")
-    def snapshots = files(root).filter(_.endsWith(".hs-snapshot"))
     val behind = provider(root, every3, minVersionsToRetain = 100)
     for (v <- 0 until 7) { val s = behind.getStore(v, None, false, false); put(s, v, v); s.commit(); behind.doSnapshotMaintenance() }
-    assert(snapshots == Seq("3.hs-snapshot", "6.hs-snapshot"))
+    assert(snapshots(root) == Seq("3.hs-snapshot", "6.hs-snapshot"))
     // Another instance of the store (a task moved to another executor) goes on to version 9.
     val ahead = provider(root, every3, minVersionsToRetain = 100)
     for (v <- 7 until 9) { val s = ahead.getStore(v, None, false, false); put(s, v, v); s.commit() }
     behind.doCleanupMaintenance()
-    assert(snapshots == Seq("3.hs-snapshot", "6.hs-snapshot"), "the instance at version 7 is behind: it keeps them")
+    assert(snapshots(root) == Seq("3.hs-snapshot", "6.hs-snapshot"), "the instance at version 7 is behind: it keeps them")
     ahead.doMaintenance() // writes snapshot 9; 6 is the one below the live version, 3 goes
-    assert(snapshots == Seq("6.hs-snapshot", "9.hs-snapshot"))
+    assert(snapshots(root) == Seq("6.hs-snapshot", "9.hs-snapshot"))
     assert(contents(provider(root).getReadStore(9, None)) == (0L until 9L).map(k => k -> k).toMap)
   }
 
   test("cleanup keeps the snapshot a rebuild used in place of a damaged newer one") {
     val root = tempDir()
-    def snapshots = files(root).filter(_.endsWith(".hs-snapshot"))
     val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "3"), minVersionsToRetain = 100)
     for (v <- 0 until 9) { val s = p.getStore(v, None, false, false); put(s, v, v); s.commit(); p.doSnapshotMaintenance() }
     p.close()
-    assert(snapshots == Seq("3.hs-snapshot", "6.hs-snapshot", "9.hs-snapshot"))
+    assert(snapshots(root) == Seq("3.hs-snapshot", "6.hs-snapshot", "9.hs-snapshot"))
     val raf = new RandomAccessFile(new File(storeDir(root), "9.hs-snapshot"), "rw")
     raf.seek(raf.length() / 2); val b = raf.read(); raf.seek(raf.length() / 2); raf.write(b ^ 0xff); raf.close()
     // No snapshot falls due in this instance: the one it rebuilt from (6) is the newest it trusts.
     val fresh = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "100"), minVersionsToRetain = 100)
     val s = fresh.getStore(9, None, false, false); put(s, 9, 9); s.commit()
     fresh.doMaintenance()
-    assert(snapshots == Seq("6.hs-snapshot", "9.hs-snapshot"), "6 stays: 9 is damaged")
+    assert(snapshots(root) == Seq("6.hs-snapshot", "9.hs-snapshot"), "6 stays: 9 is damaged")
     assert(contents(fresh.getReadStore(10, None)) == (0L until 10L).map(k => k -> k).toMap)
   }
 
@@ -209,7 +207,7 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     batch(2) // version 3: due
     val deadline = System.nanoTime() + 30L * 1000 * 1000 * 1000
     while (!files(root).contains("3.hs-snapshot") && System.nanoTime() < deadline) Thread.sleep(20)
-    assert(files(root).filter(_.endsWith(".hs-snapshot")) == Seq("3.hs-snapshot"))
+    assert(snapshots(root) == Seq("3.hs-snapshot"))
     // Commits go on while it is written; the snapshot holds version 3 exactly.
     val atThree = model.toMap
     (3 until 5).foreach(batch)

@@ -159,6 +159,31 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     for (v <- 33L to 40L) assert(contents(fresh.getReadStore(v, None)) == byVersion(v), s"version $v")
   }
 
+  test("one cleanup after many snapshots keeps the farthest snapshot within the gap at each step") {
+    val root = tempDir()
+    // Retain 16 versions, a snapshot every 2: the gap is 16 / 2 = 8 versions. Cleanup runs once,
+    // at version 30 (as with Spark's default maintenance interval of a minute and fast batches).
+    val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "2"), minVersionsToRetain = 16)
+    val model = scala.collection.mutable.Map.empty[Long, Long]
+    val byVersion = scala.collection.mutable.Map.empty[Long, Map[Long, Long]]
+    for (v <- 0 until 30) {
+      val s = p.getStore(v, None, false, false)
+      put(s, v % 7, v); model((v % 7).toLong) = v
+      s.commit()
+      byVersion(v + 1L) = model.toMap
+      p.doSnapshotMaintenance()
+    }
+    assert(snapshots(root) == (2 to 30 by 2).map(v => s"$v.hs-snapshot").sortBy(identity))
+    p.doCleanupMaintenance()
+    // The oldest retained version is 15: base 14; the restart's snapshot is 28. From 14, the
+    // farthest within 8 is 22, and 28 is within 8 of 22: 16, 18, 20, 24 and 26 go.
+    assert(snapshots(root) == Seq("14.hs-snapshot", "22.hs-snapshot", "28.hs-snapshot", "30.hs-snapshot"))
+    assert(files(root).filter(_.endsWith(".hs-journal")) == (15 to 30).map(v => s"$v.hs-journal").sortBy(identity))
+    p.close()
+    val fresh = provider(root)
+    for (v <- 15L to 30L) assert(contents(fresh.getReadStore(v, None)) == byVersion(v), s"version $v")
+  }
+
   test("cleanup deletes no snapshot above the base while files above the live version exist") {
     val root = tempDir()
     val every3 = Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "3")

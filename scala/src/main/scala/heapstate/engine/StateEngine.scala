@@ -336,12 +336,15 @@ final class StateEngine(
       case (Some(f), Some(r)) if !all.exists(_.version > latest) =>
         val candidates = walk.snapshots.filter(s => s.version > f && s.version < r).sortBy(_.version)
         // From the floor up, keep the farthest snapshot within the gap (or the nearest beyond it).
+        // `above` holds the candidates above `at`, in order, so each step is one span over them.
         val chain = scala.collection.mutable.Set.empty[Long]
         var at = f
-        while (r - at > thinningGap && candidates.exists(_.version > at)) {
-          val within = candidates.filter(s => s.version > at && s.version <= at + thinningGap)
-          at = (if (within.nonEmpty) within.last else candidates.find(_.version > at).get).version
+        var above = candidates.map(_.version)
+        while (r - at > thinningGap && above.nonEmpty) {
+          val (within, beyond) = above.span(_ <= at + thinningGap)
+          at = if (within.nonEmpty) within.last else beyond.head
           chain += at
+          above = if (within.nonEmpty) beyond else beyond.tail
         }
         candidates.filterNot(s => chain.contains(s.version))
       case _ => Nil

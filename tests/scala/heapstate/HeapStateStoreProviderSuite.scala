@@ -15,6 +15,29 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     Option(storeDir(root).listFiles).toSeq.flatten.map(_.getName).filterNot(_.startsWith(".")).sorted
   private def snapshots(root: String): Seq[String] = files(root).filter(_.endsWith(".hs-snapshot"))
 
+  /**
+   * Commits versions 1 to `n` on `p`, version v + 1 putting key v % 7 = v, and calls `after`
+   * after each commit; returns each version's contents, version 0's included.
+   */
+  private def commitModSeven(p: HeapStateStoreProvider, n: Int)(after: => Unit): Map[Long, Map[Long, Long]] = {
+    val model = scala.collection.mutable.Map.empty[Long, Long]
+    val byVersion = scala.collection.mutable.Map(0L -> Map.empty[Long, Long])
+    for (v <- 0 until n) {
+      val s = p.getStore(v, None, false, false)
+      put(s, v % 7, v); model((v % 7).toLong) = v
+      s.commit()
+      byVersion(v + 1L) = model.toMap
+      after
+    }
+    byVersion.toMap
+  }
+
+  /** A fresh provider of `root` reads each of `versions` equal to `byVersion`'s contents. */
+  private def assertRebuilt(root: String, versions: Seq[Long], byVersion: Long => Map[Long, Long]): Unit = {
+    val fresh = provider(root)
+    for (v <- versions) assert(contents(fresh.getReadStore(v, None)) == byVersion(v), s"version $v")
+  }
+
   test("put, get, remove, commit, and a fresh provider reads the committed version") {
     val root = tempDir()
     val p = provider(root)
@@ -129,8 +152,7 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     assert(snapshots(root) == Seq("12.hs-snapshot"))
     p.close()
     // Every version is still rebuilt exactly, from version 0's empty state and the journals.
-    val fresh = provider(root)
-    for (v <- 0L to 13L) assert(contents(fresh.getReadStore(v, None)) == byVersion(v), s"version $v")
+    assertRebuilt(root, 0L to 13L, byVersion)
   }
 
   test("thinned snapshots keep the base advancing: journals stay within the retained versions plus the gap") {
@@ -138,14 +160,8 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     // Retain 8 versions, a snapshot every 2: the gap between kept snapshots is 8 / 2 = 4 versions,
     // so a store keeps at most 8 - 1 + 4 = 11 journals.
     val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "2"), minVersionsToRetain = 8)
-    val model = scala.collection.mutable.Map.empty[Long, Long]
-    val byVersion = scala.collection.mutable.Map.empty[Long, Map[Long, Long]]
     var mostJournals = 0
-    for (v <- 0 until 40) {
-      val s = p.getStore(v, None, false, false)
-      put(s, v % 7, v); model((v % 7).toLong) = v
-      s.commit()
-      byVersion(v + 1L) = model.toMap
+    val byVersion = commitModSeven(p, 40) {
       p.doMaintenance()
       mostJournals = math.max(mostJournals, files(root).count(_.endsWith(".hs-journal")))
     }
@@ -155,8 +171,7 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     assert(snapshots(root) == Seq("32.hs-snapshot", "36.hs-snapshot", "38.hs-snapshot", "40.hs-snapshot"))
     assert(files(root).count(_.endsWith(".hs-journal")) == 8, files(root))
     p.close()
-    val fresh = provider(root)
-    for (v <- 33L to 40L) assert(contents(fresh.getReadStore(v, None)) == byVersion(v), s"version $v")
+    assertRebuilt(root, 33L to 40L, byVersion)
   }
 
   test("one cleanup after many snapshots keeps the farthest snapshot within the gap at each step") {
@@ -164,15 +179,7 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     // Retain 16 versions, a snapshot every 2: the gap is 16 / 2 = 8 versions. Cleanup runs once,
     // at version 30 (as with Spark's default maintenance interval of a minute and fast batches).
     val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "2"), minVersionsToRetain = 16)
-    val model = scala.collection.mutable.Map.empty[Long, Long]
-    val byVersion = scala.collection.mutable.Map.empty[Long, Map[Long, Long]]
-    for (v <- 0 until 30) {
-      val s = p.getStore(v, None, false, false)
-      put(s, v % 7, v); model((v % 7).toLong) = v
-      s.commit()
-      byVersion(v + 1L) = model.toMap
-      p.doSnapshotMaintenance()
-    }
+    val byVersion = commitModSeven(p, 30)(p.doSnapshotMaintenance())
     assert(snapshots(root) == (2 to 30 by 2).map(v => s"$v.hs-snapshot").sortBy(identity))
     p.doCleanupMaintenance()
     // The oldest retained version is 15: base 14; the restart's snapshot is 28. From 14, the
@@ -180,8 +187,7 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     assert(snapshots(root) == Seq("14.hs-snapshot", "22.hs-snapshot", "28.hs-snapshot", "30.hs-snapshot"))
     assert(files(root).filter(_.endsWith(".hs-journal")) == (15 to 30).map(v => s"$v.hs-journal").sortBy(identity))
     p.close()
-    val fresh = provider(root)
-    for (v <- 15L to 30L) assert(contents(fresh.getReadStore(v, None)) == byVersion(v), s"version $v")
+    assertRebuilt(root, 15L to 30L, byVersion)
   }
 
   test("cleanup deletes no snapshot above the base while files above the live version exist") {

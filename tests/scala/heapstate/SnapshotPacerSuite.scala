@@ -17,13 +17,16 @@ class SnapshotPacerSuite extends AnyFunSuite {
     var now = 0L
     var cpu = 0L
     var abandonNow = false
+    /** A commit runs until the wall clock reaches this. */
+    var commitUntil = 0L
     val parks = scala.collection.mutable.ArrayBuffer.empty[Long]
     val pacer = new SnapshotPacer(
       dutyCycle,
       abandon = () => abandonNow || parks.length >= abandonAfterParks,
       clock = () => now,
       park = n => { parks += n; now += n },
-      cpuClock = () => cpu)
+      cpuClock = () => cpu,
+      committing = () => now < commitUntil)
     /** Works `ms` milliseconds of CPU, after waiting `waitedMs` for a core, then reports `bytes` written. */
     def work(ms: Long, bytes: Int = MiB, waitedMs: Long = 0): Unit = {
       now += (ms + waitedMs) * Ms; cpu += ms * Ms; pacer.wrote(bytes)
@@ -69,6 +72,33 @@ class SnapshotPacerSuite extends AnyFunSuite {
     val after = new Rig(1.0 / 3, abandonAfterParks = 1)
     intercept[SnapshotPacer.Abandoned](after.work(10))
     assert(after.parks == Seq(20 * Ms))
+  }
+
+  test("after its rest a chunk waits, a millisecond at a time, until no commit runs") {
+    val rig = new Rig(1.0 / 3)
+    rig.commitUntil = 52 * Ms
+    rig.work(10) // rests to 30 ms, then waits for the commit
+    assert(rig.parks == Seq(20 * Ms) ++ Seq.fill(22)(Ms))
+    assert(rig.now == 52 * Ms)
+    rig.work(10) // no commit now: the rest alone
+    assert(rig.parks.drop(23) == Seq(20 * Ms) && rig.now == 82 * Ms)
+  }
+
+  test("a snapshot waits for commits at most two thirds of its wall time: never more than three times slower") {
+    val rig = new Rig(1.0 / 3)
+    rig.commitUntil = Long.MaxValue // some commit always runs
+    rig.work(10)
+    assert(rig.now == 90 * Ms, "30 ms of work and rest, then 60 ms waiting: two thirds of 90")
+    rig.work(10)
+    assert(rig.now == 180 * Ms, "twice the 60 ms it would have taken without commits, and then some: three times")
+    assert(rig.parks.count(_ == Ms) == 120)
+  }
+
+  test("a snapshot waiting for a commit gives up when a task needs the state") {
+    val rig = new Rig(1.0 / 3, abandonAfterParks = 6)
+    rig.commitUntil = Long.MaxValue
+    intercept[SnapshotPacer.Abandoned](rig.work(10))
+    assert(rig.parks == Seq(20 * Ms) ++ Seq.fill(5)(Ms), "the rest, then five polls, and no wait after the abandon")
   }
 
   test("a duty cycle outside (0, 1] is refused") {

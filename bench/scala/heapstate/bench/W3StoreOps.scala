@@ -38,7 +38,9 @@ object W3StoreOps {
   final case class Size(keys: Seq[Int], ops: Int, updatesPerCycle: Int, warmups: Int, runs: Int, cycles: Int)
   val Sizes: Map[String, Size] = Map(
     "small" -> Size(Seq(10000, 100000), 10000, 10000, 1, 3, 3),
-    "full" -> Size(Seq(10000, 1000000), 200000, 10000, 3, 5, 10))
+    "full" -> Size(Seq(10000, 1000000), 200000, 10000, 3, 5, 10),
+    // One store of W5 at K = 1M and 4M (4 partitions): 250K and 1M keys, 2,500 updates a version.
+    "w5-store" -> Size(Seq(250000, 1000000), 200000, 2500, 5, 3, 30))
 
   private val CF = StateStore.DEFAULT_COL_FAMILY_NAME
 
@@ -148,18 +150,21 @@ object W3StoreOps {
 
     // Version cycles: getStore(v), U puts on existing keys, commit.
     val u = math.min(size.updatesPerCycle, keys)
-    val cycleMs = (1 to size.warmups + size.cycles).map { c =>
+    val cycles = (1 to size.warmups + size.cycles).map { c =>
       val start = System.nanoTime()
       val store = provider.getStore(version)
       var j = 0
       while (j < u) { key.setLong(0, rnd.nextInt(keys).toLong); value.setLong(0, c); store.put(key, value, CF); j += 1 }
+      val committing = System.nanoTime()
       version = store.commit()
-      (System.nanoTime() - start) / 1e6
-    }
+      val end = System.nanoTime()
+      ((end - start) / 1e6, (end - committing) / 1e6)
+    }.drop(size.warmups)
     provider.close()
     deleteRecursively(new File(root))
     Map("load_ms" -> loadMs, "get_ops_per_ms" -> get, "update_ops_per_ms" -> update, "put_ops_per_ms" -> put,
-      "remove_ops_per_ms" -> remove, "cycle_ms" -> median(cycleMs.drop(size.warmups)),
+      "remove_ops_per_ms" -> remove, "cycle_ms" -> median(cycles.map(_._1)),
+      "commit_ms" -> median(cycles.map(_._2)),
       "heap_bytes_per_key" -> heapPerKey, "memory_used_bytes" -> memoryUsed)
   }
 
@@ -171,6 +176,7 @@ object W3StoreOps {
       ("get ops/ms", "get_ops_per_ms", true), ("update ops/ms", "update_ops_per_ms", true),
       ("put (new key) ops/ms", "put_ops_per_ms", true), ("remove ops/ms", "remove_ops_per_ms", true),
       (s"version cycle ms (getStore, ${size.updatesPerCycle} puts, commit)", "cycle_ms", false),
+      ("commit ms (in a cycle)", "commit_ms", false),
       ("load K keys, ms", "load_ms", false), ("heap bytes per key after GC", "heap_bytes_per_key", false),
       ("memoryUsedBytes", "memory_used_bytes", false))
     for (keys <- size.keys) {

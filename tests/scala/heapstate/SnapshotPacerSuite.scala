@@ -90,7 +90,7 @@ class SnapshotPacerSuite extends AnyFunSuite {
     rig.work(10)
     assert(rig.now == 90 * Ms, "30 ms of work and rest, then 60 ms waiting: two thirds of 90")
     rig.work(10)
-    assert(rig.now == 180 * Ms, "twice the 60 ms it would have taken without commits, and then some: three times")
+    assert(rig.now == 180 * Ms, "180 ms for two chunks that take 60 ms with no commit running: three times as long")
     assert(rig.parks.count(_ == Ms) == 120)
   }
 

@@ -7,7 +7,7 @@ import scala.collection.mutable
 import org.apache.spark.unsafe.Platform
 import org.scalatest.funsuite.AnyFunSuite
 
-import heapstate.engine.{Entry, EntryTable, Key}
+import heapstate.engine.{ChangeSet, Entry, EntryTable, Key, LiveState}
 
 /** The live state's open-addressing table against a model, and under a concurrent iterator. */
 class EntryTableSuite extends AnyFunSuite {
@@ -64,6 +64,73 @@ class EntryTableSuite extends AnyFunSuite {
     assert(t.iterator.map(valueOf).toSeq.sorted == model.values.toSeq.sorted)
     // Churn on a small key set must not grow the table: removals' slots are reclaimed.
     assert(t.capacity <= EntryTable.capacityFor(50000) * 2, t.capacity)
+  }
+
+  test("replaceAt updates the slot slotOf found, and refuses once a resize or a removal moved the key") {
+    val t = new EntryTable()
+    for (k <- 0 until 10) t.put(entry(k, k), Entry.keyHash(entry(k, k)))
+    val key3 = Key(keyBytes(3))
+    val slot = t.slotOf(key3)
+    val found = t.entryAt(slot)
+    assert(slot >= 0 && valueOf(found) == 3)
+    assert(t.slotOf(Key(keyBytes(99))) == -1)
+    val stamp = t.stamp
+    // Same arrays, and the slot still holds the entry found there: the new entry takes its place.
+    val e33 = entry(3, 33)
+    assert(t.replaceAt(slot, stamp, found, e33))
+    assert(contents(t) == (0 until 10).map(k => k -> (if (k == 3) 33L else k.toLong)).toMap)
+    // The slot no longer holds `found`: refused, nothing changes.
+    assert(!t.replaceAt(slot, stamp, found, entry(3, 34)))
+    assert(valueOf(t.get(key3)) == 33)
+    // Removed: the slot holds the Deleted marker, and replaceAt changes nothing.
+    t.remove(key3)
+    assert(!t.replaceAt(slot, stamp, e33, entry(3, 333)))
+    assert(!t.replaceAt(slot, stamp, EntryTable.Deleted, entry(3, 333)))
+    assert(t.get(key3) == null && t.size == 9)
+    // A resize gives new arrays and a new stamp: the old slot numbers mean nothing, and are refused.
+    val key5 = Key(keyBytes(5))
+    val slot5 = t.slotOf(key5)
+    val found5 = t.entryAt(slot5)
+    val before = t.stamp
+    for (k <- 100 until 10000) t.put(entry(k, k), Entry.keyHash(entry(k, k)))
+    assert(t.stamp != before)
+    assert(!t.replaceAt(slot5, before, found5, entry(5, 55)))
+    assert(valueOf(t.get(key5)) == 5)
+    val now = t.slotOf(key5)
+    val e55 = entry(5, 55)
+    assert(t.replaceAt(now, t.stamp, found5, e55))
+    assert(valueOf(t.get(key5)) == 55 && t.size == 9 + 9900)
+    // A clear is a new set of arrays too.
+    val cleared = t.stamp
+    t.clear()
+    assert(t.stamp != cleared && !t.replaceAt(now, cleared, e55, entry(5, 555)) && t.size == 0)
+  }
+
+  test("commits update keys in the slots they were found in: state and memory count exact, through resizes") {
+    val rnd = new scala.util.Random(5)
+    val live = new LiveState(None, 0)
+    var model = Map.empty[Int, Array[Byte]]
+    for (v <- 1 to 80) {
+      val changes = new ChangeSet(live)
+      // Early versions add many keys (the table resizes inside commits), later ones churn a few
+      // hundred; values change length, so a replaced entry changes the memory count.
+      for (_ <- 0 until (if (v < 20) 2000 else 1 + rnd.nextInt(300))) {
+        val k = rnd.nextInt(if (v < 20) 40000 else 500)
+        if (rnd.nextInt(6) == 0) { changes.remove(Key(keyBytes(k))); model -= k }
+        else {
+          val value = Array.fill(8 + rnd.nextInt(60))(rnd.nextInt().toByte)
+          val e = Entry(keyBytes(k), value)
+          changes.put(Key(keyBytes(k)), e); model += k -> e
+        }
+      }
+      live.applyCommit(live.prepareCommit(changes), v - 3L)
+      assert(live.memoryBytes == live.memoryBytesRecounted, s"version $v: the running memory count")
+      assert(live.numKeys == model.size, s"version $v")
+      for (k <- 0 until 40000 by 7) {
+        val got = live.get(Key(keyBytes(k)))
+        assert(Option(got).map(_.toSeq) == model.get(k).map(_.toSeq), s"version $v, key $k")
+      }
+    }
   }
 
   test("an iterator running beside the writer sees each key once, with a value it had") {

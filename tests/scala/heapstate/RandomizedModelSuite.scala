@@ -48,6 +48,8 @@ class RandomizedModelSuite extends AnyFunSuite {
       val k = rng.nextInt(keySpace).toLong
       assert(get(store, k) == working.get(k), s"seed $seed, step $step ($what): get($k)")
       assert(store.metrics.numKeys == working.size, s"seed $seed, step $step ($what): numKeys")
+      val (counted, recounted) = p.memoryAccounts
+      assert(counted == recounted, s"seed $seed, step $step ($what): the live state's running memory count")
     }
     def open(v: Long): Unit = {
       store = p.getStore(v, None, false, false); version = v; working = committed(v)

@@ -2,7 +2,7 @@ package heapstate
 
 import org.scalatest.funsuite.AnyFunSuite
 
-import heapstate.engine.SnapshotPacer
+import heapstate.engine.{SnapshotPacer, StateEngine}
 
 /** The background snapshot's pacing, on a fake clock. */
 class SnapshotPacerSuite extends AnyFunSuite {
@@ -104,5 +104,36 @@ class SnapshotPacerSuite extends AnyFunSuite {
   test("a duty cycle outside (0, 1] is refused") {
     intercept[IllegalArgumentException](new SnapshotPacer(0, () => false))
     intercept[IllegalArgumentException](new SnapshotPacer(1.5, () => false))
+  }
+
+  test("StateEngine counts the commits running, which is what a real pacer waits on; a failed commit is not left counted") {
+    import StoreFixture._
+    val root = tempDir()
+    val p = provider(root)
+    val seen = new java.util.concurrent.atomic.AtomicInteger()
+    val done = new java.util.concurrent.atomic.AtomicBoolean(false)
+    val watcher = new Thread(() => while (!done.get) if (StateEngine.commitsRunning > 0) seen.incrementAndGet())
+    assert(StateEngine.commitsRunning == 0)
+    watcher.start()
+    try {
+      for (v <- 0 until 20) {
+        val s = p.getStore(v.toLong, None, false, false)
+        for (k <- 0 until 20000) put(s, k + v * 1000L, v.toLong)
+        assert(s.commit() == v + 1L)
+      }
+    } finally { done.set(true); watcher.join() }
+    assert(seen.get > 0, "a commit of 20,000 keys ran twenty times and the count never rose above 0")
+    assert(StateEngine.commitsRunning == 0, "the count after the last commit returned")
+    // A journal that cannot be written (a plain file where the store's directory was) fails the
+    // commit, which must not stay counted.
+    val s = p.getStore(20, None, false, false)
+    put(s, 1, 1)
+    val dir = storeDir(root)
+    dir.listFiles().foreach(_.delete())
+    assert(dir.delete())
+    java.nio.file.Files.write(dir.toPath, Array[Byte](1))
+    intercept[Exception](s.commit())
+    assert(StateEngine.commitsRunning == 0, "a failed commit left the count raised")
+    p.close()
   }
 }

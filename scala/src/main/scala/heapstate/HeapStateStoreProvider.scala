@@ -82,6 +82,9 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
 
   override def stateStoreId: StateStoreId = storeId
 
+  /** The live state's running memory count and the same counted afresh (tests compare them). */
+  private[heapstate] def memoryAccounts: (Long, Long) = engine.memoryAccounts
+
   override def close(): Unit = if (engine != null) {
     engine.close() // a background snapshot running now gives up at its next pause
     cancelPendingSnapshot() // and a queued one never starts

@@ -33,6 +33,8 @@ final class EntryTable(expectedKeys: Int = 16) {
   private var live = 0
   /** Slots holding an entry or [[Deleted]]; probing ends only at a null slot. */
   private var used = 0
+  /** Counts the replacements of the arrays; see [[stamp]]. */
+  private var generation = 0
 
   def size: Int = live
   def capacity: Int = entries.length
@@ -53,6 +55,42 @@ final class EntryTable(expectedKeys: Int = 16) {
   }
 
   def get(key: Key): Array[Byte] = get(key.bytes, Platform.BYTE_ARRAY_OFFSET, key.bytes.length, key.hashCode)
+
+  /**
+   * The slot holding `key`'s entry, or -1. The slot stays the key's for as long as [[stamp]] does
+   * not change and the key is not removed: entries never move within one set of arrays.
+   */
+  def slotOf(key: Key): Int = {
+    val es = entries
+    val hs = hashes
+    val mask = es.length - 1
+    val hash = key.hashCode
+    var i = hash & mask
+    var e = es(i)
+    while (e != null) {
+      if ((e ne Deleted) && hs(i) == hash && Entry.hasKey(e, key)) return i
+      i = (i + 1) & mask
+      e = es(i)
+    }
+    -1
+  }
+
+  /** The entry in `slot` (from [[slotOf]], under the same [[stamp]]). */
+  def entryAt(slot: Int): Array[Byte] = entries(slot)
+
+  /** Changes whenever the table's arrays are replaced (a resize or a clear), which moves entries to other slots. */
+  def stamp: Int = generation
+
+  /**
+   * Puts `entry` in `slot` (from [[slotOf]] under `stamp`) in place of `expected`, the entry found
+   * there, without probing. Returns false, changing nothing, when the arrays were replaced since
+   * or the slot holds something else: the caller then falls back to [[put]].
+   */
+  def replaceAt(slot: Int, stamp: Int, expected: Array[Byte], entry: Array[Byte]): Boolean = {
+    val es = entries
+    if (stamp != generation || slot < 0 || slot >= es.length || (es(slot) ne expected) || (expected eq Deleted)) false
+    else { es(slot) = entry; true }
+  }
 
   /** Stores `entry` (whose key hashes to `hash`) in place of any entry of the same key; returns the old one or null. */
   def put(entry: Array[Byte], hash: Int): Array[Byte] = {
@@ -128,6 +166,7 @@ final class EntryTable(expectedKeys: Int = 16) {
   /** Empties the table (the caller excludes concurrent iterators). */
   def clear(): Unit = {
     hashes = new Array(16); live = 0; used = 0
+    generation += 1
     entries = new Array(16)
   }
 
@@ -155,6 +194,7 @@ final class EntryTable(expectedKeys: Int = 16) {
     }
     hashes = hs
     used = live
+    generation += 1
     entries = es // published last: a concurrent iterator sees the old arrays or the complete new ones
   }
 }

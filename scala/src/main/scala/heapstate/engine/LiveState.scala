@@ -68,6 +68,11 @@ import heapstate.io.{SnapshotBuckets, StateFileException}
 final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: Long, expectedKeys: Int = 16) {
   private[engine] val table = new EntryTable(expectedKeys)
   private val undo = new ConcurrentSkipListMap[java.lang.Long, JHashMap[Key, Array[Byte]]]()
+  /**
+   * What each undo entry counts in `undoBytes`, so that dropping one needs no walk over its
+   * records (each a read of an old entry, long out of the cache). The writer's alone.
+   */
+  private val undoEntryBytes = new JHashMap[java.lang.Long, java.lang.Long]()
   private val byPrefix: Option[JHashMap[Key, JHashSet[Key]]] =
     prefixOf.map(_ => new JHashMap[Key, JHashSet[Key]]())
 
@@ -91,6 +96,20 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   def memoryBytes: Long = {
     val p = pending
     liveBytes + undoBytes + table.tableBytes + (if (p == null) 0 else p.heldBytes)
+  }
+  /**
+   * [[memoryBytes]] counted afresh from the table, the prefix index and the undo log, where
+   * [[memoryBytes]] keeps running counts; tests hold the one to the other. The writer's thread only.
+   */
+  private[heapstate] def memoryBytesRecounted: Long = {
+    var counted = 0L
+    table.foreach(e => counted += MemoryModel.liveEntry(e))
+    byPrefix.foreach(_.values().forEach(set => counted += MemoryModel.prefixMember * set.size))
+    undo.values().forEach { u =>
+      if (u ne LiveState.FromEmpty) u.values().forEach(prior => counted += MemoryModel.undoEntry(prior))
+    }
+    val p = pending
+    counted + table.tableBytes + (if (p == null) 0 else p.heldBytes)
   }
   /** Whether every key is in `table` (no snapshot bucket is still to load). */
   def isFullyLoaded: Boolean = pending == null
@@ -212,42 +231,86 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
    * reader could see.
    */
   def prepareCommit(changes: ChangeSet): PreparedCommit = {
+    val n = changes.size
+    val keys = new Array[Key](n)
+    val values = new Array[Array[Byte]](n)
     val fromEmpty = pending == null && table.size == 0
     if (fromEmpty) {
       var added = 0L
-      changes.foreach((_, changed) => if (!Tombstone.is(changed)) added += 1)
-      new PreparedCommit(version + 1, changes, LiveState.FromEmpty, 0L, added)
+      var i = 0
+      changes.foreach { (key, changed) =>
+        keys(i) = key; values(i) = changed; i += 1
+        if (!Tombstone.is(changed)) added += 1
+      }
+      new PreparedCommit(version + 1, changes, keys, values, null, null, 0, LiveState.FromEmpty, 0L, added)
     } else {
-      val entry = new JHashMap[Key, Array[Byte]](math.max(16, changes.size * 4 / 3 + 1))
+      // A whole table does not change while it is looked up, so the slot each key was found in
+      // still holds it when the commit applies (unless a resize moves it; see applyCommit). A
+      // table still loading may load buckets on a look-up: no slots are kept then.
+      val whole = pending == null
+      var i = 0
+      changes.foreach { (key, changed) => keys(i) = key; values(i) = changed; i += 1 }
+      val slots = if (whole) new Array[Int](n) else null
+      val priors = new Array[Array[Byte]](n)
+      val stamp = table.stamp
+      val entry = new JHashMap[Key, Array[Byte]](math.max(16, n * 4 / 3 + 1))
       var entryBytes = 0L
       var delta = 0L
-      changes.foreach { (key, changed) =>
-        val prior = get(key)
+      i = 0
+      while (i < n) {
+        val key = keys(i)
+        val prior = if (whole) {
+          val slot = table.slotOf(key)
+          slots(i) = slot
+          if (slot >= 0) table.entryAt(slot) else null
+        } else get(key)
+        priors(i) = prior
         val recorded = if (prior == null) Tombstone.bytes else prior
         entry.put(key, recorded)
         entryBytes += MemoryModel.undoEntry(recorded)
-        delta += ChangeSet.keyDelta(prior != null, changed)
+        delta += ChangeSet.keyDelta(prior != null, values(i))
+        i += 1
       }
-      new PreparedCommit(version + 1, changes, entry, entryBytes, delta)
+      new PreparedCommit(version + 1, changes, keys, values, slots, priors, stamp, entry, entryBytes, delta)
     }
   }
 
   /**
    * Commits what [[prepareCommit]] prepared: publish the undo entry, then change the map.
    * `keepUndoAbove`: undo entries at or below this version may be dropped afterwards.
+   *
+   * A key that was found in the table is updated in the slot [[prepareCommit]] found it in, with
+   * no second probe (at millions of keys each probe is a cache miss or two); when a resize in
+   * between moved it, [[EntryTable.replaceAt]] says so and the key takes the usual path.
    */
   def applyCommit(prepared: PreparedCommit, keepUndoAbove: Long): Unit = {
     val newVersion = version + 1
     require(prepared.version == newVersion, s"a commit prepared as version ${prepared.version} applied at $newVersion")
     undo.put(newVersion, prepared.undoEntry) // published before any change to `table`
+    undoEntryBytes.put(newVersion, prepared.undoBytes)
     undoTop = newVersion
     // A volatile write keeps the writes before it in place, not the ones after: the fence keeps
     // the table's changes below from becoming visible before `undoTop` (see writeSnapshotView).
     java.lang.invoke.VarHandle.storeStoreFence()
     undoBytes += prepared.undoBytes
-    prepared.changes.foreach { (key, changed) => // the change set's own entries go into the table, uncopied
-      if (Tombstone.is(changed)) remove(key.bytes, key.hashCode) else store(changed, key.hashCode)
+    val keys = prepared.keys
+    val values = prepared.values
+    val slots = prepared.slots
+    var replacedBytes = 0L
+    var i = 0
+    while (i < keys.length) { // the change set's own entries go into the table, uncopied
+      val key = keys(i)
+      val changed = values(i)
+      if (Tombstone.is(changed)) remove(key.bytes, key.hashCode)
+      else {
+        val prior = if (slots != null && slots(i) >= 0) prepared.priors(i) else null
+        if (prior != null && table.replaceAt(slots(i), prepared.stamp, prior, changed)) {
+          replacedBytes += MemoryModel.liveEntry(changed) - MemoryModel.liveEntry(prior)
+        } else store(changed, key.hashCode)
+      }
+      i += 1
     }
+    liveBytes += replacedBytes
     if (pending != null) pendingKeys += prepared.keyDelta
     version = newVersion
     dropUndoUpTo(keepUndoAbove)
@@ -261,6 +324,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   def rollBackTo(target: Long): Unit = {
     while (version > target) {
       val entry = undo.remove(version)
+      undoEntryBytes.remove(version)
       if (entry eq LiveState.FromEmpty) {
         table.clear(); byPrefix.foreach(_.clear()); liveBytes = 0
       }
@@ -277,7 +341,8 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   def dropUndoUpTo(v: Long): Unit = {
     var first = undo.firstEntry()
     while (first != null && first.getKey <= v) {
-      first.getValue.forEach((_, prior) => undoBytes -= MemoryModel.undoEntry(prior))
+      val bytes = undoEntryBytes.remove(first.getKey)
+      if (bytes != null) undoBytes -= bytes
       undo.remove(first.getKey)
       first = undo.firstEntry()
     }
@@ -383,6 +448,15 @@ object LiveState {
 final class PreparedCommit private[engine] (
     val version: Long,
     val changes: ChangeSet,
+    /** The changed keys and their new entries (or [[Tombstone]]s), in one order. */
+    private[engine] val keys: Array[Key],
+    private[engine] val values: Array[Array[Byte]],
+    /** For each key, the table slot it was found in, or -1; null when no slots were kept. */
+    private[engine] val slots: Array[Int],
+    /** For each key, the entry the look-up found (null: none, or not looked up yet). */
+    private[engine] val priors: Array[Array[Byte]],
+    /** The table's [[EntryTable.stamp]] when the slots were found. */
+    private[engine] val stamp: Int,
     private[engine] val undoEntry: JHashMap[Key, Array[Byte]],
     private[engine] val undoBytes: Long,
     /** Keys added minus keys removed. */

@@ -177,6 +177,9 @@ final class StateEngine(
   /** Milliseconds spent rebuilding `version` from files, when it was the last version rebuilt; else 0. */
   def loadMsOf(version: Long): Long = { val (v, ms) = lastLoad; if (v == version) ms else 0L }
 
+  /** The live state's [[LiveState.memoryBytes]] and [[LiveState.memoryBytesRecounted]], for tests. */
+  private[heapstate] def memoryAccounts: (Long, Long) = synchronized { val st = live; (st.memoryBytes, st.memoryBytesRecounted) }
+
   /** Whether `version` is the version last rebuilt from files. */
   def rebuiltAt(version: Long): Boolean = lastLoad._1 == version
 

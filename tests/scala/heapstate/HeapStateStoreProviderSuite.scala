@@ -197,11 +197,16 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     for (v <- 0 until 7) { val s = behind.getStore(v, None, false, false); put(s, v, v); s.commit(); behind.doSnapshotMaintenance() }
     assert(snapshots(root) == Seq("3.hs-snapshot", "6.hs-snapshot"))
     // Another instance of the store (a task moved to another executor) goes on to version 9.
+    // Its commit of version 9 makes a snapshot due, which it writes in the background: wait for
+    // it, so that what follows does not depend on which thread is faster.
     val ahead = provider(root, every3, minVersionsToRetain = 100)
     for (v <- 7 until 9) { val s = ahead.getStore(v, None, false, false); put(s, v, v); s.commit() }
+    val deadline = System.nanoTime() + 30L * 1000 * 1000 * 1000
+    while (!snapshots(root).contains("9.hs-snapshot") && System.nanoTime() < deadline) Thread.sleep(20)
     behind.doCleanupMaintenance()
-    assert(snapshots(root) == Seq("3.hs-snapshot", "6.hs-snapshot"), "the instance at version 7 is behind: it keeps them")
-    ahead.doMaintenance() // writes snapshot 9; 6 is the one below the live version, 3 goes
+    assert(snapshots(root) == Seq("3.hs-snapshot", "6.hs-snapshot", "9.hs-snapshot"),
+      "the instance at version 7 is behind: it keeps its own snapshots and the one above it")
+    ahead.doMaintenance() // 6 is the one below the live version, 3 goes
     assert(snapshots(root) == Seq("6.hs-snapshot", "9.hs-snapshot"))
     assert(contents(provider(root).getReadStore(9, None)) == (0L until 9L).map(k => k -> k).toMap)
   }

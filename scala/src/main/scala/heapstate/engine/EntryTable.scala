@@ -42,16 +42,8 @@ final class EntryTable(expectedKeys: Int = 16) {
   /** The entry whose key is `length` bytes at `base`/`offset`, or null. */
   def get(base: AnyRef, offset: Long, length: Int, hash: Int): Array[Byte] = {
     val es = entries
-    val hs = hashes
-    val mask = es.length - 1
-    var i = hash & mask
-    var e = es(i)
-    while (e != null) {
-      if ((e ne Deleted) && hs(i) == hash && Entry.keyEquals(e, base, offset, length)) return e
-      i = (i + 1) & mask
-      e = es(i)
-    }
-    null
+    val i = find(es, hashes, base, offset, length, hash)
+    if (i < 0) null else es(i)
   }
 
   def get(key: Key): Array[Byte] = get(key.bytes, Platform.BYTE_ARRAY_OFFSET, key.bytes.length, key.hashCode)
@@ -60,15 +52,15 @@ final class EntryTable(expectedKeys: Int = 16) {
    * The slot holding `key`'s entry, or -1. The slot stays the key's for as long as [[stamp]] does
    * not change and the key is not removed: entries never move within one set of arrays.
    */
-  def slotOf(key: Key): Int = {
-    val es = entries
-    val hs = hashes
+  def slotOf(key: Key): Int = find(entries, hashes, key.bytes, Platform.BYTE_ARRAY_OFFSET, key.bytes.length, key.hashCode)
+
+  /** The slot of `es` (with key hashes `hs`) holding the key `length` bytes at `base`/`offset`, or -1. */
+  private def find(es: Array[Array[Byte]], hs: Array[Int], base: AnyRef, offset: Long, length: Int, hash: Int): Int = {
     val mask = es.length - 1
-    val hash = key.hashCode
     var i = hash & mask
     var e = es(i)
     while (e != null) {
-      if ((e ne Deleted) && hs(i) == hash && Entry.hasKey(e, key)) return i
+      if ((e ne Deleted) && hs(i) == hash && Entry.keyEquals(e, base, offset, length)) return i
       i = (i + 1) & mask
       e = es(i)
     }
@@ -116,19 +108,14 @@ final class EntryTable(expectedKeys: Int = 16) {
   /** Removes the entry of the key `length` bytes at `base`/`offset`; returns it, or null. */
   def remove(base: AnyRef, offset: Long, length: Int, hash: Int): Array[Byte] = {
     val es = entries
-    val mask = es.length - 1
-    var i = hash & mask
-    var e = es(i)
-    while (e != null) {
-      if ((e ne Deleted) && hashes(i) == hash && Entry.keyEquals(e, base, offset, length)) {
-        es(i) = Deleted
-        live -= 1
-        return e
-      }
-      i = (i + 1) & mask
-      e = es(i)
+    val i = find(es, hashes, base, offset, length, hash)
+    if (i < 0) null
+    else {
+      val e = es(i)
+      es(i) = Deleted
+      live -= 1
+      e
     }
-    null
   }
 
   def remove(key: Key): Array[Byte] = remove(key.bytes, Platform.BYTE_ARRAY_OFFSET, key.bytes.length, key.hashCode)

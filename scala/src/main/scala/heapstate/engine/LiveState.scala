@@ -234,22 +234,17 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     val n = changes.size
     val keys = new Array[Key](n)
     val values = new Array[Array[Byte]](n)
+    var i = 0
+    changes.foreach { (key, changed) => keys(i) = key; values(i) = changed; i += 1 }
     val fromEmpty = pending == null && table.size == 0
     if (fromEmpty) {
-      var added = 0L
-      var i = 0
-      changes.foreach { (key, changed) =>
-        keys(i) = key; values(i) = changed; i += 1
-        if (!Tombstone.is(changed)) added += 1
-      }
-      new PreparedCommit(version + 1, changes, keys, values, null, null, 0, LiveState.FromEmpty, 0L, added)
+      val added = values.count(v => !Tombstone.is(v)).toLong
+      new PreparedCommit(version + 1, keys, values, null, null, 0, LiveState.FromEmpty, 0L, added)
     } else {
       // A whole table does not change while it is looked up, so the slot each key was found in
       // still holds it when the commit applies (unless a resize moves it; see applyCommit). A
       // table still loading may load buckets on a look-up: no slots are kept then.
       val whole = pending == null
-      var i = 0
-      changes.foreach { (key, changed) => keys(i) = key; values(i) = changed; i += 1 }
       val slots = if (whole) new Array[Int](n) else null
       val priors = new Array[Array[Byte]](n)
       val stamp = table.stamp
@@ -271,7 +266,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
         delta += ChangeSet.keyDelta(prior != null, values(i))
         i += 1
       }
-      new PreparedCommit(version + 1, changes, keys, values, slots, priors, stamp, entry, entryBytes, delta)
+      new PreparedCommit(version + 1, keys, values, slots, priors, stamp, entry, entryBytes, delta)
     }
   }
 
@@ -324,7 +319,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   def rollBackTo(target: Long): Unit = {
     while (version > target) {
       val entry = undo.remove(version)
-      undoEntryBytes.remove(version)
+      forgetUndoBytes(version)
       if (entry eq LiveState.FromEmpty) {
         table.clear(); byPrefix.foreach(_.clear()); liveBytes = 0
       }
@@ -332,7 +327,6 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
       entry.forEach { (key, prior) =>
         if (counting) pendingKeys += ChangeSet.keyDelta(table.get(key) != null, prior)
         if (Tombstone.is(prior)) remove(key.bytes, key.hashCode) else store(prior, key.hashCode)
-        undoBytes -= MemoryModel.undoEntry(prior)
       }
       version -= 1
     }
@@ -341,11 +335,16 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   def dropUndoUpTo(v: Long): Unit = {
     var first = undo.firstEntry()
     while (first != null && first.getKey <= v) {
-      val bytes = undoEntryBytes.remove(first.getKey)
-      if (bytes != null) undoBytes -= bytes
+      forgetUndoBytes(first.getKey)
       undo.remove(first.getKey)
       first = undo.firstEntry()
     }
+  }
+
+  /** Takes the undo entry of `v` out of `undoBytes`, as it leaves the undo log. */
+  private def forgetUndoBytes(v: Long): Unit = {
+    val bytes = undoEntryBytes.remove(v)
+    if (bytes != null) undoBytes -= bytes
   }
 
   /** Stores `entry` (its key hashing to `hash`) in the table, and its key in the prefix index. */
@@ -447,7 +446,6 @@ object LiveState {
 /** What a commit of version `version` records; see [[LiveState.prepareCommit]]. */
 final class PreparedCommit private[engine] (
     val version: Long,
-    val changes: ChangeSet,
     /** The changed keys and their new entries (or [[Tombstone]]s), in one order. */
     private[engine] val keys: Array[Key],
     private[engine] val values: Array[Array[Byte]],

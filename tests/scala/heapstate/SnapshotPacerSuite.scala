@@ -109,7 +109,9 @@ class SnapshotPacerSuite extends AnyFunSuite {
   test("StateEngine counts the commits running, which is what a real pacer waits on; a failed commit is not left counted") {
     import StoreFixture._
     val root = tempDir()
-    val p = provider(root)
+    // No snapshot falls due in 21 versions: a background one would write into the store's
+    // directory while the test below replaces it with a plain file.
+    val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "100"))
     val seen = new java.util.concurrent.atomic.AtomicInteger()
     val done = new java.util.concurrent.atomic.AtomicBoolean(false)
     val watcher = new Thread(() => while (!done.get) if (StateEngine.commitsRunning > 0) seen.incrementAndGet())
@@ -135,5 +137,34 @@ class SnapshotPacerSuite extends AnyFunSuite {
     intercept[Exception](s.commit())
     assert(StateEngine.commitsRunning == 0, "a failed commit left the count raised")
     p.close()
+  }
+
+  test("one paced snapshot writes at a time in the JVM, though both heapstate's thread and Spark's maintenance thread write them") {
+    import StoreFixture._
+    // Two stores with snapshots due at once: each commit queues its store's snapshot for the
+    // snapshot thread, and "maintenance" on two more threads takes over whichever is still
+    // queued, as Spark's maintenance thread does. Before the JVM-wide permit, the snapshot
+    // thread and a maintenance thread each wrote one, at a third of a core each.
+    val root = tempDir()
+    val every2 = Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "2")
+    val stores = (0 to 1).map(part => provider(root, every2, partition = part))
+    for (p <- stores; v <- 0 to 1) {
+      val s = p.getStore(v.toLong, None, false, false)
+      for (k <- 0 until (if (v == 0) 300000 else 10)) put(s, k, k * 7L + v)
+      assert(s.commit() == v + 1L)
+    }
+    val start = new java.util.concurrent.CountDownLatch(1)
+    val maintenance = stores.map(p => new Thread(() => { start.await(); p.doSnapshotMaintenance() }))
+    maintenance.foreach(_.start())
+    start.countDown()
+    maintenance.foreach(_.join())
+    for (part <- 0 to 1) {
+      assert(new java.io.File(storeDir(root, part), "2.hs-snapshot").isFile, s"partition $part has no snapshot of version 2")
+      val reopened = provider(root, partition = part)
+      assert(contents(reopened.getReadStore(2)) == ((0 until 300000).map(k => k.toLong -> (k * 7L + (if (k < 10) 1 else 0))).toMap))
+      reopened.close()
+    }
+    assert(StateEngine.mostSnapshotsAtOnce == 1, "two paced snapshots wrote at the same time")
+    stores.foreach(_.close())
   }
 }

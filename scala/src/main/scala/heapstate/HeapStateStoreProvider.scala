@@ -109,7 +109,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
   /**
    * Spark 4.3's maintenance thread calls the two halves separately. A snapshot a commit already
    * started is waited for, one still queued is taken over, so that a due snapshot is on disk when
-   * maintenance returns.
+   * maintenance returns. A snapshot taken over waits while another store's is written: one paced
+   * snapshot writes at a time in the JVM (see `StateEngine.oneSnapshotAtATime`).
    */
   override def doSnapshotMaintenance(): Unit = if (engine != null) {
     cancelPendingSnapshot()
@@ -119,8 +120,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
   /**
    * Hands a due snapshot to the background thread as soon as a commit makes it due, so that
    * `compactionInterval` holds whatever Spark's maintenance interval (60 s by default) is. One
-   * thread serves every store in the JVM: snapshots of several partitions run one after another
-   * and take at most one core from the tasks.
+   * thread serves every store in the JVM, and maintenance threads that take a snapshot over wait
+   * for the one running: snapshots of several partitions run one after another.
    */
   private def snapshotSoon(): Unit = {
     val pending = pendingSnapshot

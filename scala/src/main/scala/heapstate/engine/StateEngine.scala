@@ -111,6 +111,38 @@ object StateEngine {
 
   /** How many commits run now, in every store of this JVM; background snapshots wait for them (see [[SnapshotPacer]]). */
   def commitsRunning: Int = running.get
+
+  /**
+   * Lets one paced snapshot write at a time in the JVM, whichever thread runs it. Two threads
+   * write snapshots: heapstate's own, which takes each snapshot a commit made due, and Spark's
+   * maintenance thread, which takes over a store's snapshot still queued for the first. Each
+   * keeps to [[SnapshotPacer.DefaultDutyCycle]] of a core; together they took two thirds, and in
+   * W1 on two cores the batches they overlapped took up to twice the median. Fair: a waiting
+   * thread goes before snapshots queued after it. Forced snapshots (the task's own, in its
+   * commit) do not take it.
+   */
+  private val snapshotPermit = new java.util.concurrent.Semaphore(1, true)
+  private val writing = new java.util.concurrent.atomic.AtomicInteger()
+  @volatile private var mostWriting = 0
+
+  /** The most paced snapshots that ever wrote at once in this JVM (tests hold it to 1). */
+  private[heapstate] def mostSnapshotsAtOnce: Int = mostWriting
+
+  /**
+   * Runs `body` as the one paced snapshot writing in the JVM, once the permit is free; returns
+   * None without running it when `stillWanted` turns false while it waits (the store closed, or
+   * its snapshot is no longer due).
+   */
+  private[engine] def oneSnapshotAtATime[T](stillWanted: () => Boolean)(body: => Option[T]): Option[T] = {
+    var permitted = false
+    while (!permitted && stillWanted()) permitted = snapshotPermit.tryAcquire(10, java.util.concurrent.TimeUnit.MILLISECONDS)
+    if (!permitted) None
+    else try {
+      val now = writing.incrementAndGet()
+      if (now > mostWriting) mostWriting = now
+      try body finally writing.decrementAndGet()
+    } finally snapshotPermit.release()
+  }
 }
 
 /**
@@ -300,7 +332,12 @@ final class StateEngine(
    * passed since the last one (or always, when `force`). Returns the version written. Runs on the
    * maintenance thread without blocking commits.
    */
-  def snapshotIfDue(force: Boolean = false): Option[Long] = {
+  def snapshotIfDue(force: Boolean = false): Option[Long] =
+    if (force) writeSnapshotIfDue(force = true)
+    else if (!snapshotDue) None // most maintenance runs find nothing due: they do not queue for the permit
+    else StateEngine.oneSnapshotAtATime(() => snapshotDue)(writeSnapshotIfDue(force = false))
+
+  private def writeSnapshotIfDue(force: Boolean): Option[Long] = {
     // The version and `snapshotInProgress` are settled under the monitor, which commits hold for
     // their whole length: `s` is a committed version, and no commit drops undo entries above it.
     val picked: Option[(LiveState, Long, Option[String])] = synchronized {

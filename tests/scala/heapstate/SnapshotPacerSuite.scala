@@ -167,4 +167,34 @@ class SnapshotPacerSuite extends AnyFunSuite {
     assert(StateEngine.mostSnapshotsAtOnce == 1, "two paced snapshots wrote at the same time")
     stores.foreach(_.close())
   }
+
+  test("a snapshot waiting for the permit gives up when it is no longer wanted, or when its thread is interrupted (leaving the flag set)") {
+    // The permit is taken by a "snapshot" that runs until the test lets it go.
+    val holding = new java.util.concurrent.CountDownLatch(1)
+    val release = new java.util.concurrent.CountDownLatch(1)
+    val holder = new Thread(() => StateEngine.oneSnapshotAtATime(() => true) { holding.countDown(); release.await(); None })
+    holder.start()
+    holding.await()
+    val wanted = new java.util.concurrent.atomic.AtomicBoolean(true)
+    val ran = new java.util.concurrent.atomic.AtomicBoolean(false)
+    val results = new java.util.concurrent.ConcurrentLinkedQueue[Option[Int]]()
+    val flagged = new java.util.concurrent.atomic.AtomicBoolean(false)
+    val unwanted = new Thread(() => results.add(StateEngine.oneSnapshotAtATime(() => wanted.get) { ran.set(true); Some(1) }))
+    val interrupted = new Thread(() => {
+      results.add(StateEngine.oneSnapshotAtATime(() => true) { ran.set(true); Some(2) })
+      flagged.set(Thread.currentThread().isInterrupted)
+    })
+    unwanted.start(); interrupted.start()
+    Thread.sleep(100)
+    assert(unwanted.isAlive && interrupted.isAlive, "a snapshot did not wait for the permit")
+    wanted.set(false)
+    interrupted.interrupt()
+    unwanted.join(5000); interrupted.join(5000)
+    assert(!unwanted.isAlive && !interrupted.isAlive, "a snapshot kept waiting")
+    assert(results.toArray.toSeq == Seq(None, None) && !ran.get && flagged.get)
+    release.countDown()
+    holder.join()
+    // The permit is free again: the next snapshot runs.
+    assert(StateEngine.oneSnapshotAtATime(() => true)(Some(3)) == Some(3))
+  }
 }

@@ -131,11 +131,16 @@ object StateEngine {
   /**
    * Runs `body` as the one paced snapshot writing in the JVM, once the permit is free; returns
    * None without running it when `stillWanted` turns false while it waits (the store closed, or
-   * its snapshot is no longer due).
+   * its snapshot is no longer due), or when the thread is interrupted (Spark stopping its
+   * maintenance threads), whose flag it leaves set.
    */
-  private[engine] def oneSnapshotAtATime[T](stillWanted: () => Boolean)(body: => Option[T]): Option[T] = {
+  private[heapstate] def oneSnapshotAtATime[T](stillWanted: () => Boolean)(body: => Option[T]): Option[T] = {
     var permitted = false
-    while (!permitted && stillWanted()) permitted = snapshotPermit.tryAcquire(10, java.util.concurrent.TimeUnit.MILLISECONDS)
+    try {
+      while (!permitted && stillWanted()) permitted = snapshotPermit.tryAcquire(10, java.util.concurrent.TimeUnit.MILLISECONDS)
+    } catch {
+      case _: InterruptedException => Thread.currentThread().interrupt()
+    }
     if (!permitted) None
     else try {
       val now = writing.incrementAndGet()

@@ -241,8 +241,8 @@ object Entry {
  * A look-up key that points at an entry's key bytes, for hash maps keyed by [[Key]] (the change
  * set, undo entries). Like [[KeyProbe]], it is only ever the argument of a look-up.
  */
-final class EntryKeyProbe(val entry: Array[Byte]) {
-  override val hashCode: Int = Entry.keyHash(entry)
+final class EntryKeyProbe(val entry: Array[Byte], override val hashCode: Int) {
+  def this(entry: Array[Byte]) = this(entry, Entry.keyHash(entry))
   override def equals(other: Any): Boolean = other match {
     case k: Key => k.hashCode == hashCode && Entry.hasKey(entry, k)
     case _ => false

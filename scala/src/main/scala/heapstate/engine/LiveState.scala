@@ -389,17 +389,18 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   /**
    * Emits the state as of committed version `s` (<= `version`), as described in the class
    * comment, while commits may go on. The caller holds the snapshot lock and keeps undo entries
-   * above `s` alive until this returns.
+   * above `s` alive until this returns. `emit` gets each entry with its key's hash, which the
+   * view computes once for its own look-ups and the snapshot's buckets.
    */
-  def writeSnapshotView(s: Long, emit: Array[Byte] => Unit): Unit = {
+  def writeSnapshotView(s: Long, emit: (Array[Byte], Int) => Unit): Unit = {
     require(pending == null, "a snapshot view of a state whose snapshot is still loading")
     val later = undo.tailMap(s, false)
     // The entry was read before this; the fence keeps the read of `undoTop` after it, so that an
     // entry a commit after `s` stored is always followed by seeing that commit's `undoTop`.
-    def changedAfterS(entry: Array[Byte]): Boolean = {
+    def changedAfterS(entry: Array[Byte], hash: Int): Boolean = {
       java.lang.invoke.VarHandle.loadLoadFence()
       undoTop > s && {
-        val probe = new EntryKeyProbe(entry)
+        val probe = new EntryKeyProbe(entry, hash)
         val it = later.values().iterator()
         var found = false
         while (!found && it.hasNext) { val u = it.next(); found = (u eq LiveState.FromEmpty) || u.containsKey(probe) }
@@ -407,14 +408,17 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
       }
     }
     // The entry is taken first, then the undo log is consulted (see the class comment).
-    table.foreach(entry => if (!changedAfterS(entry)) emit(entry))
+    table.foreach { entry =>
+      val hash = Entry.keyHash(entry) // from the entry, not the table's hashes, which a resize may replace meanwhile
+      if (!changedAfterS(entry, hash)) emit(entry, hash)
+    }
     val seen = new JHashSet[Key]()
     val it = later.values().iterator()
     var emptied = false // past a FromEmpty marker, every key first seen was absent at `s`
     while (it.hasNext && !emptied) {
       val u = it.next()
       if (u eq LiveState.FromEmpty) emptied = true
-      else u.forEach { (key, prior) => if (seen.add(key) && !Tombstone.is(prior)) emit(prior) }
+      else u.forEach { (key, prior) => if (seen.add(key) && !Tombstone.is(prior)) emit(prior, key.hashCode) }
     }
   }
 }

@@ -290,14 +290,17 @@ final class SnapshotFileWriter(raw: OutputStream, header: StateFileFormat.Header
   private var readAheadSum = 0
 
   /** Adds an entry `[key length: i32][key][value]` (see `heapstate.engine.Entry`); the array must not change. */
-  def putEntry(entry: Array[Byte]): Unit = {
+  def putEntry(entry: Array[Byte]): Unit =
+    putEntry(entry, keyHash(entry, Base + 4, org.apache.spark.unsafe.Platform.getInt(entry, Base)))
+
+  /** [[putEntry]] for a caller that has the key's hash ([[StateFileFormat.keyHash]] of its bytes) already. */
+  def putEntry(entry: Array[Byte], hash: Int): Unit = {
     if (count == entries.length) {
       entries = java.util.Arrays.copyOf(entries, count * 2)
       hashes = java.util.Arrays.copyOf(hashes, count * 2)
     }
-    val keyLength = org.apache.spark.unsafe.Platform.getInt(entry, Base)
     entries(count) = entry
-    hashes(count) = keyHash(entry, Base + 4, keyLength)
+    hashes(count) = hash
     count += 1
     rawBytes += 1 + 4 + entry.length // the record adds a type byte and the value's length
     pace(entry.length)

@@ -117,9 +117,10 @@ object StateEngine {
    * write snapshots: heapstate's own, which takes each snapshot a commit made due, and Spark's
    * maintenance thread, which takes over a store's snapshot still queued for the first. Each
    * keeps to [[SnapshotPacer.DefaultDutyCycle]] of a core; together they took two thirds, and
-   * in W1 on two cores the batches they overlapped took up to 1.7 times the median. Fair: a
-   * waiting thread goes before snapshots queued after it. Forced snapshots (the task's own, in
-   * its commit) do not take it.
+   * in W1 on two cores the batches they overlapped took up to 1.7 times the median. Fair, but a
+   * waiter queues afresh every 10 ms (when it checks that it is still wanted), so one that came
+   * within those 10 ms may go first. Forced snapshots (the task's own, in its commit) do not
+   * take it.
    */
   private val snapshotPermit = new java.util.concurrent.Semaphore(1, true)
   private val writing = new java.util.concurrent.atomic.AtomicInteger()

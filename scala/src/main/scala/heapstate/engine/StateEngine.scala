@@ -131,9 +131,10 @@ object StateEngine {
 
   /**
    * Runs `body` as the one paced snapshot writing in the JVM, once the permit is free; returns
-   * None without running it when `stillWanted` turns false while it waits (the store closed, or
-   * its snapshot is no longer due), or when the thread is interrupted (Spark stopping its
-   * maintenance threads), whose flag it leaves set.
+   * None without running it when `stillWanted` is false before it queues (most maintenance runs
+   * find nothing due) or turns false while it waits (the store closed, or its snapshot is no
+   * longer due), or when the thread is interrupted (Spark stopping its maintenance threads),
+   * whose flag it leaves set.
    */
   private[heapstate] def oneSnapshotAtATime[T](stillWanted: () => Boolean)(body: => Option[T]): Option[T] = {
     var permitted = false
@@ -340,7 +341,6 @@ final class StateEngine(
    */
   def snapshotIfDue(force: Boolean = false): Option[Long] =
     if (force) writeSnapshotIfDue(force = true)
-    else if (!snapshotDue) None // most maintenance runs find nothing due: they do not queue for the permit
     else StateEngine.oneSnapshotAtATime(() => snapshotDue)(writeSnapshotIfDue(force = false))
 
   private def writeSnapshotIfDue(force: Boolean): Option[Long] = {

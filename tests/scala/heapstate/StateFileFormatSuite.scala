@@ -162,6 +162,60 @@ class StateFileFormatSuite extends AnyFunSuite {
     }
   }
 
+  test("zstd blocks are the frames zstd-jni's byte-array call writes, and read back either way") {
+    // The block codec goes through direct buffers (see DirectBlocks); the frames must stay the
+    // ones the byte-array call writes with the same settings, so that files of either kind read.
+    val random = new java.util.Random(11)
+    val reference = new com.github.luben.zstd.ZstdCompressCtx()
+    reference.setLevel(1); reference.setMinMatch(Codec.Zstd.BlockMinMatch)
+    val plain = new com.github.luben.zstd.ZstdDecompressCtx()
+    val blocks = Codec.Zstd.blocks()
+    try {
+      // Growing sizes, so that the direct buffers are outgrown and replaced along the way.
+      for (len <- Seq(1, 100, 8192, 70000, 300000, 5000)) {
+        val src = Array.tabulate[Byte](len)(i => if (i % 3 == 0) random.nextInt(16).toByte else (i % 7).toByte)
+        val room = blocks.maxCompressedLength(len)
+        val viaDirect = new Array[Byte](room + 3)
+        val n = blocks.compress(src, len, viaDirect)
+        val viaArrays = new Array[Byte](room)
+        val m = reference.compressByteArray(viaArrays, 0, room, src, 0, len)
+        assert(viaDirect.take(n).toSeq == viaArrays.take(m).toSeq, s"$len bytes")
+        // Read back through the codec from an offset, and through the byte-array call.
+        val shifted = new Array[Byte](n + 5)
+        System.arraycopy(viaDirect, 0, shifted, 5, n)
+        val back = new Array[Byte](len)
+        blocks.decompress(shifted, 5, n, back, len)
+        assert(back.toSeq == src.toSeq)
+        val back2 = new Array[Byte](len)
+        assert(plain.decompressByteArray(back2, 0, len, viaDirect, 0, n) == len && back2.toSeq == src.toSeq)
+        // A block that holds more than it is said to is refused.
+        if (len > 1) intercept[Exception](blocks.decompress(viaDirect, 0, n, new Array[Byte](len - 1), len - 1))
+      }
+    } finally { blocks.close(); reference.close(); plain.close() }
+  }
+
+  test("a zstd stream longer than many input buffers round-trips, however it is written") {
+    val random = new java.util.Random(5)
+    val data = Array.tabulate[Byte](DirectZstdOutput.InputBytes * 5 + 77)(i => if (i % 5 == 0) random.nextInt(256).toByte else (i % 11).toByte)
+    val sink = new ByteArrayOutputStream()
+    val z = Codec.Zstd.compress(sink)
+    var at = 0
+    var piece = 0
+    while (at < data.length) { // single bytes, small pieces and pieces larger than the input buffer
+      val n = math.min(data.length - at, Seq(1, 3, 1000, DirectZstdOutput.InputBytes + 5, 70000)(piece % 5))
+      if (n == 1) z.write(data(at).toInt) else z.write(data, at, n)
+      at += n
+      piece += 1
+      if (piece == 7) z.flush()
+    }
+    z.close()
+    z.close() // a second close does nothing
+    intercept[java.io.IOException](z.write(1))
+    val back = Codec.Zstd.decompress(new ByteArrayInputStream(sink.toByteArray)).readAllBytes()
+    assert(back.toSeq == data.toSeq)
+    assert(sink.size() < data.length / 2)
+  }
+
   test("an empty snapshot round-trips, with no buckets to read") {
     val bytes = writeSnapshot(Codec.Zstd, Nil)
     assert(readSnapshot(bytes)._1.isEmpty)

@@ -2,7 +2,7 @@ package heapstate.io
 
 import java.io.{IOException, InputStream, OutputStream}
 
-import com.github.luben.zstd.{ZstdCompressCtx, ZstdDecompressCtx, ZstdInputStreamNoFinalizer, ZstdOutputStreamNoFinalizer}
+import com.github.luben.zstd.{EndDirective, ZstdCompressCtx, ZstdDecompressCtx, ZstdInputStreamNoFinalizer}
 import net.jpountz.lz4.{LZ4BlockInputStream, LZ4BlockOutputStream, LZ4Factory}
 import org.xerial.snappy.{SnappyInputStream, SnappyOutputStream}
 
@@ -41,6 +41,106 @@ abstract class BlockCodec extends AutoCloseable {
     if (got != rawLen) throw new IOException(s"a block decompressed to $got bytes instead of $rawLen")
 }
 
+/**
+ * The two direct buffers a [[BlockCodec]] hands a native compressor instead of heap arrays, and
+ * the copies in and out (a few KiB per bucket, against the compression itself).
+ *
+ * Why: zstd-jni's byte-array calls read the arrays in place, pinned with JNI's
+ * GetPrimitiveArrayCritical, and no garbage collection may run until they let go. A collection that had to wait runs afterwards as a "GCLocker Initiated GC". When
+ * that collection was one that G1 asked for to start a concurrent cycle (on a humongous
+ * allocation, when the old generation looked full), G1 can no longer undo the cycle once it
+ * finds the old generation below its threshold after all: it marks the whole heap. In W1 on two
+ * cores such a cycle took a core for about half a second, inside one batch. Direct buffers take
+ * no lock: the native code gets their addresses.
+ */
+final class DirectBlocks {
+  private var in: java.nio.ByteBuffer = java.nio.ByteBuffer.allocateDirect(0)
+  private var out: java.nio.ByteBuffer = java.nio.ByteBuffer.allocateDirect(0)
+
+  private def room(b: java.nio.ByteBuffer, n: Int): java.nio.ByteBuffer =
+    if (b.capacity >= n) b else java.nio.ByteBuffer.allocateDirect(math.max(n, math.min(Int.MaxValue / 2, b.capacity) * 2))
+
+  /** The direct input buffer, holding `len` bytes copied from `src(off)` at its start. */
+  def input(src: Array[Byte], off: Int, len: Int): java.nio.ByteBuffer = {
+    in = room(in, len)
+    in.put(0, src, off, len)
+    in
+  }
+
+  /** The direct output buffer, with room for at least `n` bytes. */
+  def output(n: Int): java.nio.ByteBuffer = { out = room(out, n); out }
+
+  /** Copies the `n` bytes the native call wrote at the output's start into `dst`; returns `n`. */
+  def result(n: Int, dst: Array[Byte]): Int = { out.get(0, dst, 0, n); n }
+}
+
+/**
+ * A zstd stream (one frame, level 1) written through direct buffers, for the same reason as
+ * [[DirectBlocks]]: zstd-jni's own output stream pins the caller's arrays in every call, and a
+ * commit's journal is compressed on the task thread. Any zstd stream reader reads the frame.
+ * `close` ends the frame and closes `out`.
+ */
+final class DirectZstdOutput(out: OutputStream) extends OutputStream {
+  private val ctx = new ZstdCompressCtx()
+  ctx.setLevel(1)
+  private val in = java.nio.ByteBuffer.allocateDirect(DirectZstdOutput.InputBytes)
+  private val compressed = java.nio.ByteBuffer.allocateDirect(
+    Math.toIntExact(com.github.luben.zstd.Zstd.compressBound(DirectZstdOutput.InputBytes.toLong)))
+  private val copy = new Array[Byte](compressed.capacity)
+  private var closed = false
+
+  override def write(b: Int): Unit = {
+    ensureOpen()
+    if (!in.hasRemaining) compress(EndDirective.CONTINUE)
+    in.put(b.toByte)
+  }
+
+  override def write(b: Array[Byte], off: Int, len: Int): Unit = {
+    java.util.Objects.checkFromIndexSize(off, len, b.length)
+    ensureOpen()
+    var at = off
+    var left = len
+    while (left > 0) {
+      if (!in.hasRemaining) compress(EndDirective.CONTINUE)
+      val n = math.min(left, in.remaining)
+      in.put(b, at, n)
+      at += n
+      left -= n
+    }
+  }
+
+  /** Compresses what `in` holds with `op`, and writes all the output that produces to `out`. */
+  private def ensureOpen(): Unit = if (closed) throw new IOException("the zstd stream is closed")
+
+  private def compress(op: EndDirective): Unit = {
+    ensureOpen()
+    in.flip()
+    var done = false
+    while (!done) {
+      compressed.clear()
+      val complete = ctx.compressDirectByteBufferStream(compressed, in, op)
+      compressed.flip()
+      val n = compressed.remaining
+      compressed.get(copy, 0, n)
+      out.write(copy, 0, n)
+      done = if (op == EndDirective.CONTINUE) !in.hasRemaining else complete
+    }
+    in.clear()
+  }
+
+  override def flush(): Unit = { compress(EndDirective.FLUSH); out.flush() }
+
+  override def close(): Unit = if (!closed) {
+    try { compress(EndDirective.END); out.close() }
+    finally { closed = true; ctx.close() }
+  }
+}
+
+object DirectZstdOutput {
+  /** Input gathered before each call into zstd. */
+  val InputBytes: Int = 128 * 1024
+}
+
 object Codec {
   case object NoCompression extends Codec(0, "none") {
     def compress(out: OutputStream): OutputStream = out
@@ -64,20 +164,30 @@ object Codec {
      * changes: the frames are the same format and any zstd reads them.
      */
     val BlockMinMatch = 7
-    def compress(out: OutputStream): OutputStream = new ZstdOutputStreamNoFinalizer(out, 1)
+    def compress(out: OutputStream): OutputStream = new DirectZstdOutput(out)
     def decompress(in: InputStream): InputStream = new ZstdInputStreamNoFinalizer(in)
     def blocks(): BlockCodec = new BlockCodec {
       // zstd-jni's contexts hold native memory and have no finalizer: created when first needed, freed by close.
       private var cctx: ZstdCompressCtx = _
       private var dctx: ZstdDecompressCtx = _
+      // The blocks go through direct buffers, not zstd-jni's byte-array calls: those pin the
+      // arrays with JNI's GetPrimitiveArrayCritical, which holds off every garbage collection
+      // while zstd runs (most of a snapshot's time). A collection that waits for that lock runs
+      // afterwards as a "GCLocker Initiated GC", and one that was to start a concurrent cycle
+      // then marks the whole heap: G1 can no longer undo it (see DirectBlocks).
+      private val io = new DirectBlocks
       def maxCompressedLength(n: Int): Int = Math.toIntExact(com.github.luben.zstd.Zstd.compressBound(n.toLong))
       def compress(src: Array[Byte], len: Int, dst: Array[Byte]): Int = {
         if (cctx == null) { cctx = new ZstdCompressCtx(); cctx.setLevel(1); cctx.setMinMatch(BlockMinMatch) }
-        cctx.compressByteArray(dst, 0, dst.length, src, 0, len)
+        val in = io.input(src, 0, len)
+        val out = io.output(dst.length)
+        io.result(cctx.compressDirectByteBuffer(out, 0, dst.length, in, 0, len), dst)
       }
       def decompress(src: Array[Byte], srcOff: Int, srcLen: Int, dst: Array[Byte], rawLen: Int): Unit = {
         if (dctx == null) dctx = new ZstdDecompressCtx()
-        requireLength(dctx.decompressByteArray(dst, 0, rawLen, src, srcOff, srcLen), rawLen)
+        val in = io.input(src, srcOff, srcLen)
+        val out = io.output(rawLen)
+        requireLength(io.result(dctx.decompressDirectByteBuffer(out, 0, rawLen, in, 0, srcLen), dst), rawLen)
       }
       override def close(): Unit = {
         if (cctx != null) { cctx.close(); cctx = null }

@@ -46,12 +46,12 @@ abstract class BlockCodec extends AutoCloseable {
  * the copies in and out (a few KiB per bucket, against the compression itself).
  *
  * Why: zstd-jni's byte-array calls read the arrays in place, pinned with JNI's
- * GetPrimitiveArrayCritical, and no garbage collection may run until they let go. A collection that had to wait runs afterwards as a "GCLocker Initiated GC". When
- * that collection was one that G1 asked for to start a concurrent cycle (on a humongous
- * allocation, when the old generation looked full), G1 can no longer undo the cycle once it
- * finds the old generation below its threshold after all: it marks the whole heap. In W1 on two
- * cores such a cycle took a core for about half a second, inside one batch. Direct buffers take
- * no lock: the native code gets their addresses.
+ * GetPrimitiveArrayCritical, and no garbage collection may run until they let go; one that must
+ * wait runs afterwards as a "GCLocker Initiated GC". G1 undoes a concurrent cycle it started on
+ * a humongous allocation when the old generation turns out to be below its threshold, but only
+ * when the pause that started it was caused by that allocation. Started by a GCLocker pause, the
+ * cycle marks the whole heap: in W1 on two cores, cycles of 455 and 552 ms inside one batch.
+ * Direct buffers take no lock: the native code gets their addresses.
  */
 final class DirectBlocks {
   private var in: java.nio.ByteBuffer = java.nio.ByteBuffer.allocateDirect(0)
@@ -109,9 +109,9 @@ final class DirectZstdOutput(out: OutputStream) extends OutputStream {
     }
   }
 
-  /** Compresses what `in` holds with `op`, and writes all the output that produces to `out`. */
   private def ensureOpen(): Unit = if (closed) throw new IOException("the zstd stream is closed")
 
+  /** Compresses what `in` holds with `op`, and writes all the output that produces to `out`. */
   private def compress(op: EndDirective): Unit = {
     ensureOpen()
     in.flip()
@@ -172,9 +172,7 @@ object Codec {
       private var dctx: ZstdDecompressCtx = _
       // The blocks go through direct buffers, not zstd-jni's byte-array calls: those pin the
       // arrays with JNI's GetPrimitiveArrayCritical, which holds off every garbage collection
-      // while zstd runs (most of a snapshot's time). A collection that waits for that lock runs
-      // afterwards as a "GCLocker Initiated GC", and one that was to start a concurrent cycle
-      // then marks the whole heap: G1 can no longer undo it (see DirectBlocks).
+      // while zstd runs (most of a snapshot's time; see DirectBlocks for what that cost).
       private val io = new DirectBlocks
       def maxCompressedLength(n: Int): Int = Math.toIntExact(com.github.luben.zstd.Zstd.compressBound(n.toLong))
       def compress(src: Array[Byte], len: Int, dst: Array[Byte]): Int = {

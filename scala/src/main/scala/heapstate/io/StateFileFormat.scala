@@ -225,8 +225,10 @@ final class StateFileWriter(raw: OutputStream, header: StateFileFormat.Header) {
 
   raw.write(encodeHeader(header))
   private val body = new ChecksummedOutput(raw)
-  // Buffered above the codec: record fields are written a few bytes at a time, and a codec call
-  // (a JNI call for zstd) per field would cost more than the compression itself.
+  // Buffered above the codec: record fields are written a few bytes at a time, and a call into
+  // the codec's stream per field (for `none`, a checksum update and a file write each) would cost
+  // more than the compression. zstd's stream (`DirectZstdOutput`) gathers its own input too, so
+  // for zstd this is one more copy of the body, which is small next to compressing it.
   private val out = new DataOutputStream(new BufferedOutputStream(header.codec.compress(body), BufferBytes))
   private var records = 0L
 

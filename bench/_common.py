@@ -264,6 +264,43 @@ def gc_pauses(gc_log: Path) -> list[dict[str, Any]]:
     return pauses
 
 
+_GC_CYCLE = re.compile(r"^\[(\d+)ms\] GC\((\d+)\) Concurrent Mark Cycle(?: ([\d.]+)ms)?$")
+
+
+def gc_mark_cycles(gc_log: Path) -> list[dict[str, Any]]:
+    """G1's concurrent marking cycles in a JVM's ``-Xlog:gc`` log written with the ``timemillis``
+    decorator: one record per cycle with ``start_epoch_ms``, ``end_epoch_ms`` and ``cycle_ms``
+    (as G1 logs it). A marking thread works through a cycle beside the application, so on a
+    machine with few cores a cycle slows whatever runs meanwhile. Cycles G1 undid at once
+    ("Concurrent Undo Cycle") are left out, and so is a cycle the log does not see end."""
+    cycles: list[dict[str, Any]] = []
+    if not gc_log.exists():
+        return cycles
+    started: dict[str, int] = {}
+    for line in gc_log.read_text(errors="replace").splitlines():
+        m = _GC_CYCLE.match(line.strip())
+        if not m:
+            continue
+        at, gc_id, took = int(m.group(1)), m.group(2), m.group(3)
+        if took is None:
+            started[gc_id] = at
+        elif gc_id in started:
+            cycles.append(
+                {"start_epoch_ms": started.pop(gc_id), "end_epoch_ms": at, "cycle_ms": float(took)}
+            )
+    return cycles
+
+
+def marking_ms_between(cycles: Sequence[dict[str, Any]], start_ms: float, end_ms: float) -> float:
+    """How many ms of ``[start_ms, end_ms]`` (epoch ms) G1 spent in the marking ``cycles``."""
+    return float(
+        sum(
+            max(0.0, min(end_ms, c["end_epoch_ms"]) - max(start_ms, c["start_epoch_ms"]))
+            for c in cycles
+        )
+    )
+
+
 def pauses_between(pauses: Sequence[dict[str, Any]], start_ms: float, end_ms: float) -> list[float]:
     """The pause times (ms) of ``pauses`` that ended within ``[start_ms, end_ms]`` (epoch ms)."""
     return [p["pause_ms"] for p in pauses if start_ms <= p["end_epoch_ms"] <= end_ms]

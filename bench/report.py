@@ -89,6 +89,7 @@ W1_ROWS: list[tuple[str, str, Fmt]] = [
     ("state_bytes_before_restart", "checkpoint bytes before the restart", fmt_bytes),
     ("restart_trigger_ms", "restart: first batch", fmt_ms),
     ("gc_pause_ms_max", "longest GC pause, batches >= 2", fmt_ms_fine),
+    ("gc_marking_batches", "batches with G1 concurrent marking, batches >= 2", "{:,.0f}".format),
 ]
 MEMORY_KEYS = {"memory_used_bytes", "heap_retained_bytes"}
 
@@ -272,6 +273,11 @@ def _target_line(target: dict[str, Any]) -> str:
     elif _GROWTH_TARGET.search(name):
         fmt = "{:.2f}x".format
     detail = f" ({fmt(value)} against {fmt(limit)})" if value is not None and limit else ""
+    if target.get("slowest_batch") is not None:
+        marking = target.get("slowest_batch_marking_ms")
+        detail += f"; slowest: batch {target['slowest_batch']}" + (
+            f", G1 marking ran {fmt_ms(marking)} of it" if marking is not None else ""
+        )
     return f"- {verdict}: {name}{detail}"
 
 

@@ -1,0 +1,141 @@
+"""W1's account of G1's concurrent marking: the cycles read from a JVM's ``-Xlog:gc`` log
+(``bench/_common.py``), and the slowest steady batch with the marking time that ran beside it
+(``bench/w1.py``). A hand-written log and run: no Spark, exact figures."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+import w1  # bench/ is a folder of scripts, put on the path above
+from _common import gc_mark_cycles, marking_ms_between
+
+# What -Xlog:gc:file=...:timemillis writes, cut down: a cycle G1 undid, two full cycles (the
+# second starting while the first one's id is still open in another log line), pauses, and a
+# cycle the log does not see end.
+LOG = """\
+[1000ms] Using G1
+[1100ms] GC(3) Pause Young (Concurrent Start) (G1 Humongous Allocation) 100M->90M(512M) 5.000ms
+[1100ms] GC(4) Concurrent Undo Cycle
+[1150ms] GC(4) Concurrent Undo Cycle 50.000ms
+[2000ms] GC(7) Pause Young (Concurrent Start) (G1 Humongous Allocation) 300M->280M(512M) 9.000ms
+[2000ms] GC(8) Concurrent Mark Cycle
+[2300ms] GC(8) Pause Remark 290M->280M(512M) 4.000ms
+[2600ms] GC(8) Concurrent Mark Cycle 600.500ms
+[5000ms] GC(12) Concurrent Mark Cycle
+[5100ms] GC(12) Concurrent Mark Cycle 100.000ms
+[9000ms] GC(20) Concurrent Mark Cycle
+"""
+
+
+def test_marking_cycles_are_read_from_the_gc_log(tmp_path: Path) -> None:
+    log = tmp_path / "gc.log"
+    log.write_text(LOG)
+    assert gc_mark_cycles(log) == [
+        {"start_epoch_ms": 2000, "end_epoch_ms": 2600, "cycle_ms": 600.5},
+        {"start_epoch_ms": 5000, "end_epoch_ms": 5100, "cycle_ms": 100.0},
+    ]
+    assert gc_mark_cycles(tmp_path / "missing.log") == []
+
+
+def test_marking_time_inside_a_window() -> None:
+    cycles = [
+        {"start_epoch_ms": 2000, "end_epoch_ms": 2600, "cycle_ms": 600.0},
+        {"start_epoch_ms": 5000, "end_epoch_ms": 5100, "cycle_ms": 100.0},
+    ]
+    assert marking_ms_between(cycles, 1800, 2200) == 200.0
+    assert marking_ms_between(cycles, 2100, 2300) == 200.0
+    assert marking_ms_between(cycles, 2500, 5050) == 150.0
+    assert marking_ms_between(cycles, 2600, 5000) == 0.0
+    assert marking_ms_between([], 0, 10_000) == 0.0
+
+
+def _batch(batch: int, start: int, trigger: int) -> dict[str, Any]:
+    return {
+        "batch": batch,
+        "trigger_ms": trigger,
+        "commit_ms": 10,
+        "memory_used_bytes": 1,
+        "state_bytes_new": 1,
+        "state_bytes_total": batch,
+        "new_snapshot_versions": [],
+        "start_epoch_ms": start,
+        "end_epoch_ms": start + trigger,
+    }
+
+
+def test_the_slowest_steady_batch_and_the_marking_beside_it(tmp_path: Path) -> None:
+    log = tmp_path / "gc.log"
+    log.write_text(LOG)
+    batches = [
+        _batch(0, 0, 1500),  # batch 0 and 1 are not steady: the first cycle's start is not counted
+        _batch(1, 1500, 400),
+        _batch(2, 1900, 300),  # 1900-2200: 200 ms of the cycle of 2000-2600
+        _batch(3, 2200, 700),  # 2200-2900: the slowest, 400 ms of that cycle
+        _batch(4, 2900, 300),
+        _batch(5, 4900, 250),  # 4900-5150: the 100 ms cycle
+    ]
+    run = {"batches": batches, "gc_pauses": [], "gc_mark_cycles": gc_mark_cycles(log)}
+    summary = w1.summarize(run)
+    assert summary["trigger_ms_max"] == 700
+    assert summary["trigger_ms_max_batch"] == 3
+    assert summary["trigger_ms_max_marking_ms"] == 400.0
+    assert summary["gc_marking_batches"] == 3  # steady batches with any marking: 2, 3 and 5
+
+    # A run from before the report read marking cycles says nothing about them, not zero.
+    older = w1.summarize({"batches": batches, "gc_pauses": []})
+    assert older["gc_marking_batches"] is None
+    assert older["trigger_ms_max_marking_ms"] is None
+    assert older["trigger_ms_max_batch"] == 3
+
+
+def test_the_spike_target_names_the_slowest_batch(capsys: Any) -> None:
+    hs = {"trigger_ms_max": 700.0, "trigger_ms_median": 300.0, "trigger_ms_max_batch": 3}
+    spikes = [
+        t
+        for t in w1.targets({"heapstate": {**hs, "trigger_ms_max_marking_ms": 400.0}})
+        if t["target"].startswith("max trigger")
+    ]
+    assert spikes == [
+        {
+            "target": "max trigger <= 1.5x median (batch >= 2)",
+            "value": 700.0,
+            "limit": 450.0,
+            "pass": False,
+            "slowest_batch": 3,
+            "slowest_batch_marking_ms": 400.0,
+        }
+    ]
+    w1.print_targets(spikes)
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "  FAIL  max trigger <= 1.5x median (batch >= 2)  (700 vs limit 450); "
+        "slowest: batch 3, G1 marking ran 400 ms of it"
+    )
+    w1.print_targets(w1.targets({"heapstate": {**hs, "trigger_ms_max_marking_ms": None}})[4:5])
+    assert capsys.readouterr().out.splitlines()[-1].endswith("(700 vs limit 450); slowest: batch 3")
+
+
+def test_the_readme_target_line_names_the_slowest_batch() -> None:
+    import report
+
+    target = {
+        "target": "max trigger <= 1.5x median (batch >= 2)",
+        "value": 700.0,
+        "limit": 450.0,
+        "pass": False,
+        "slowest_batch": 3,
+        "slowest_batch_marking_ms": 400.0,
+    }
+    assert report._target_line(target) == (
+        "- FAIL: max trigger <= 1.5x median (batch >= 2) (700.0 ms against 450.0 ms); "
+        "slowest: batch 3, G1 marking ran 400 ms of it"
+    )
+    older = {k: v for k, v in target.items() if not k.startswith("slowest")}
+    assert report._target_line(older) == (
+        "- FAIL: max trigger <= 1.5x median (batch >= 2) (700.0 ms against 450.0 ms)"
+    )

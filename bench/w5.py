@@ -106,6 +106,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help=f"start every provider's worker JVM with {PRETOUCH} (see PRETOUCH in w5.py)",
     )
+    parser.add_argument(
+        "--java-option",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="an extra option for every worker JVM, such as -Xms12g (repeatable; one word each)",
+    )
     parser.add_argument("--maintenance-interval", help=f"sets {MAINTENANCE_CONF}")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--work-dir", help="where checkpoints go (default: a temporary folder)")
@@ -349,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
 
-    java_options = [PRETOUCH] if args.pretouch else []
+    java_options = [*args.java_option, *([PRETOUCH] if args.pretouch else [])]
     runs: dict[str, dict[str, Any]] = {}
     failures: dict[str, str] = {}
     try:

@@ -94,6 +94,17 @@ def test_the_slowest_steady_batch_and_the_marking_beside_it(tmp_path: Path) -> N
     assert older["trigger_ms_max_batch"] == 3
 
 
+# The spikes target as w1.targets gives it for a slowest batch 3 with 400 ms of marking in it.
+SPIKES = {
+    "target": "max trigger <= 1.5x median (batch >= 2)",
+    "value": 700.0,
+    "limit": 450.0,
+    "pass": False,
+    "slowest_batch": 3,
+    "slowest_batch_marking_ms": 400.0,
+}
+
+
 def test_the_spike_target_names_the_slowest_batch(capsys: Any) -> None:
     hs = {"trigger_ms_max": 700.0, "trigger_ms_median": 300.0, "trigger_ms_max_batch": 3}
     spikes = [
@@ -101,16 +112,7 @@ def test_the_spike_target_names_the_slowest_batch(capsys: Any) -> None:
         for t in w1.targets({"heapstate": {**hs, "trigger_ms_max_marking_ms": 400.0}})
         if t["target"].startswith("max trigger")
     ]
-    assert spikes == [
-        {
-            "target": "max trigger <= 1.5x median (batch >= 2)",
-            "value": 700.0,
-            "limit": 450.0,
-            "pass": False,
-            "slowest_batch": 3,
-            "slowest_batch_marking_ms": 400.0,
-        }
-    ]
+    assert spikes == [SPIKES]
     w1.print_targets(spikes)
     assert capsys.readouterr().out.splitlines()[-1] == (
         "  FAIL  max trigger <= 1.5x median (batch >= 2)  (700 vs limit 450); "
@@ -123,19 +125,11 @@ def test_the_spike_target_names_the_slowest_batch(capsys: Any) -> None:
 def test_the_readme_target_line_names_the_slowest_batch() -> None:
     import report
 
-    target = {
-        "target": "max trigger <= 1.5x median (batch >= 2)",
-        "value": 700.0,
-        "limit": 450.0,
-        "pass": False,
-        "slowest_batch": 3,
-        "slowest_batch_marking_ms": 400.0,
-    }
-    assert report._target_line(target) == (
+    assert report._target_line(SPIKES) == (
         "- FAIL: max trigger <= 1.5x median (batch >= 2) (700.0 ms against 450.0 ms); "
         "slowest: batch 3, G1 marking ran 400 ms of it"
     )
-    older = {k: v for k, v in target.items() if not k.startswith("slowest")}
+    older = {k: v for k, v in SPIKES.items() if not k.startswith("slowest")}
     assert report._target_line(older) == (
         "- FAIL: max trigger <= 1.5x median (batch >= 2) (700.0 ms against 450.0 ms)"
     )

@@ -133,6 +133,66 @@ class EntryTableSuite extends AnyFunSuite {
     }
   }
 
+  test("undo entries: a snapshot view of every kept version and a roll-back to it equal the model") {
+    val rnd = new scala.util.Random(11)
+    val keep = 6
+    val live = new LiveState(None, 0)
+    // The model of every version: key -> value. Version 0 is empty, so version 1 is a FromEmpty.
+    val models = mutable.ArrayBuffer(Map.empty[Int, Long])
+    def liveContents(st: LiveState): Map[Int, Long] = {
+      val out = mutable.ArrayBuffer.empty[Array[Byte]]
+      st.iterator.foreach(out += _)
+      assert(out.size == st.numKeys)
+      contentsOf(out)
+    }
+    def contentsOf(emitted: mutable.ArrayBuffer[Array[Byte]]): Map[Int, Long] = {
+      val out = mutable.Map.empty[Int, Long]
+      emitted.foreach { e =>
+        val k = Platform.getInt(e, Platform.BYTE_ARRAY_OFFSET + Entry.keyStart)
+        // A view may emit a key twice, always with its value at the view's version.
+        assert(out.get(k).forall(_ == valueOf(e)), s"key $k emitted with two values")
+        out(k) = valueOf(e)
+      }
+      out.toMap
+    }
+    def commit(v: Int): Unit = {
+      val changes = new ChangeSet(live)
+      var model = models.last
+      for (_ <- 0 until 1 + rnd.nextInt(if (v == 1) 400 else 60)) {
+        val k = rnd.nextInt(300) // removes of absent keys, re-inserts and updates all happen
+        if (rnd.nextInt(4) == 0) { changes.remove(Key(keyBytes(k))); model -= k }
+        else {
+          val value = rnd.nextLong()
+          changes.put(Key(keyBytes(k)), entry(k, value)); model += k -> value
+        }
+      }
+      live.applyCommit(live.prepareCommit(changes), v.toLong - keep)
+      models += model
+    }
+    for (v <- 1 to 40) {
+      commit(v)
+      assert(live.memoryBytes == live.memoryBytesRecounted, s"version $v: the running memory count")
+      for (s <- math.max(0, v - keep) to v) {
+        val emitted = mutable.ArrayBuffer.empty[Array[Byte]]
+        live.writeSnapshotView(s, (e, hash) => { assert(hash == Entry.keyHash(e)); emitted += e })
+        assert(contentsOf(emitted) == models(s), s"the view of version $s at version $v")
+      }
+      assert(!live.canRollBackTo(v - keep - 1L), s"version $v keeps no more than $keep undo entries")
+      if (v % 7 == 0 || v == 5) {
+        // Step back and commit forward again from there (a task retry); from 5 to the empty
+        // version 0, through version 1's FromEmpty.
+        val target = if (v == 5) 0 else v - 1 - rnd.nextInt(keep)
+        assert(live.canRollBackTo(target), s"version $v: roll back to $target")
+        live.rollBackTo(target)
+        assert(liveContents(live) == models(target), s"rolled back from $v to $target")
+        assert(live.numKeys == models(target).size && live.memoryBytes == live.memoryBytesRecounted)
+        models.remove(target + 1, v - target)
+        (target + 1 to v).foreach(commit)
+        assert(liveContents(live) == models(v), s"version $v committed again after the roll-back")
+      }
+    }
+  }
+
   test("an iterator running beside the writer sees each key once, with a value it had") {
     val t = new EntryTable()
     val stable = 0 until 20000 // never touched while iterating: must all be seen, unchanged

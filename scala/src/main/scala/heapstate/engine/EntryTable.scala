@@ -239,7 +239,8 @@ object Entry {
 
 /**
  * A look-up key that points at an entry's key bytes, for hash maps keyed by [[Key]] (the change
- * set, undo entries). Like [[KeyProbe]], it is only ever the argument of a look-up.
+ * set, the keys deleted above a loading snapshot). Like [[KeyProbe]], it is only ever the
+ * argument of a look-up.
  */
 final class EntryKeyProbe(val entry: Array[Byte], override val hashCode: Int) {
   def this(entry: Array[Byte]) = this(entry, Entry.keyHash(entry))

@@ -12,10 +12,10 @@ import heapstate.io.{SnapshotBuckets, StateFileException}
  * == Versions ==
  * `table` holds the state as of committed version `version`, one [[Entry]] (key and value rows
  * in one array) per key. Committing version `w` (see [[applyCommit]]) first publishes an undo
- * entry `undo(w)`: for every key `w` changes, the key's entry as of `w - 1`, or [[Tombstone]]
- * when it was absent. Only then does it change `table`. Replaying `undo(w)` steps the table back
+ * entry `undo(w)` (an [[UndoEntry]]): for every key `w` changes, the key's entry as of `w - 1`, or
+ * "absent". Only then does it change `table`. Replaying `undo(w)` steps the table back
  * from `w` to `w - 1` ([[rollBackTo]]). When `w - 1` was empty (a query's first batch, a bulk
- * load), `undo(w)` is the marker [[LiveState.FromEmpty]] instead of one record per key: stepping
+ * load), `undo(w)` is the marker [[UndoEntry.FromEmpty]] instead of one record per key: stepping
  * back clears the table, and every key present after `w` is one that changed after `w - 1`.
  *
  * == Writers and readers ==
@@ -30,8 +30,8 @@ import heapstate.io.{SnapshotBuckets, StateFileException}
  *     changed after `s` and step 2 emits it. Otherwise the entry is the one at `s`: any change to
  *     the key after `s` published its undo entry before changing the table, so an entry read
  *     after such a change is always followed by finding the undo entry.
- *  1. For each key in the undo entries above `s`, in version order, the first entry's value is
- *     the value at `s`; emit it unless it is a tombstone.
+ *  1. For each key in the undo entries above `s`, in version order, the first entry's record is
+ *     the value at `s`; emit it unless it says "absent".
  * A key that changes after step 1 passed it is emitted by both steps, with the same value (its
  * value at `s`). Readers therefore take a snapshot record as "the key has this value", and a
  * repeated key carries no new information. `docs/FORMAT.md` states this.
@@ -67,7 +67,7 @@ import heapstate.io.{SnapshotBuckets, StateFileException}
  */
 final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: Long, expectedKeys: Int = 16) {
   private[engine] val table = new EntryTable(expectedKeys)
-  private val undo = new ConcurrentSkipListMap[java.lang.Long, JHashMap[Key, Array[Byte]]]()
+  private val undo = new ConcurrentSkipListMap[java.lang.Long, UndoEntry]()
   /**
    * What each undo entry counts in `undoBytes`, so that dropping one needs no walk over its
    * records (each a read of an old entry, long out of the cache). The writer's alone.
@@ -105,9 +105,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     var counted = 0L
     table.foreach(e => counted += MemoryModel.liveEntry(e))
     byPrefix.foreach(_.values().forEach(set => counted += MemoryModel.prefixMember * set.size))
-    undo.values().forEach { u =>
-      if (u ne LiveState.FromEmpty) u.values().forEach(prior => counted += MemoryModel.undoEntry(prior))
-    }
+    undo.values().forEach(u => if (u ne UndoEntry.FromEmpty) counted += u.recountBytes)
     val p = pending
     counted + table.tableBytes + (if (p == null) 0 else p.heldBytes)
   }
@@ -239,7 +237,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     val fromEmpty = pending == null && table.size == 0
     if (fromEmpty) {
       val added = values.count(v => !Tombstone.is(v)).toLong
-      new PreparedCommit(version + 1, keys, values, null, null, 0, LiveState.FromEmpty, 0L, added)
+      new PreparedCommit(version + 1, keys, values, null, null, 0, UndoEntry.FromEmpty, 0L, added)
     } else {
       // A whole table does not change while it is looked up, so the slot each key was found in
       // still holds it when the commit applies (unless a resize moves it; see applyCommit). A
@@ -248,8 +246,8 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
       val slots = if (whole) new Array[Int](n) else null
       val priors = new Array[Array[Byte]](n)
       val stamp = table.stamp
-      val entry = new JHashMap[Key, Array[Byte]](math.max(16, n * 4 / 3 + 1))
-      var entryBytes = 0L
+      val entry = UndoEntry.forKeys(n)
+      var entryBytes = entry.tableBytes
       var delta = 0L
       i = 0
       while (i < n) {
@@ -260,9 +258,8 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
           if (slot >= 0) table.entryAt(slot) else null
         } else get(key)
         priors(i) = prior
-        val recorded = if (prior == null) Tombstone.bytes else prior
-        entry.put(key, recorded)
-        entryBytes += MemoryModel.undoEntry(recorded)
+        entry.record(prior, values(i), key.hashCode)
+        if (prior != null) entryBytes += MemoryModel.liveEntry(prior)
         delta += ChangeSet.keyDelta(prior != null, values(i))
         i += 1
       }
@@ -320,13 +317,16 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     while (version > target) {
       val entry = undo.remove(version)
       forgetUndoBytes(version)
-      if (entry eq LiveState.FromEmpty) {
+      if (entry eq UndoEntry.FromEmpty) {
         table.clear(); byPrefix.foreach(_.clear()); liveBytes = 0
       }
       val counting = pending != null // the commit looked up every key of `entry`: the table knows them
-      entry.forEach { (key, prior) =>
-        if (counting) pendingKeys += ChangeSet.keyDelta(table.get(key) != null, prior)
-        if (Tombstone.is(prior)) remove(key.bytes, key.hashCode) else store(prior, key.hashCode)
+      entry.foreach { (recorded, hash, wasAbsent) =>
+        if (counting) {
+          val present = table.get(recorded, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET + Entry.keyStart, Entry.keyLength(recorded), hash) != null
+          pendingKeys += ChangeSet.keyDelta(present, if (wasAbsent) Tombstone.bytes else recorded)
+        }
+        if (wasAbsent) remove(Entry.key(recorded), hash) else store(recorded, hash)
       }
       version -= 1
     }
@@ -400,10 +400,9 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     def changedAfterS(entry: Array[Byte], hash: Int): Boolean = {
       java.lang.invoke.VarHandle.loadLoadFence()
       undoTop > s && {
-        val probe = new EntryKeyProbe(entry, hash)
         val it = later.values().iterator()
         var found = false
-        while (!found && it.hasNext) { val u = it.next(); found = (u eq LiveState.FromEmpty) || u.containsKey(probe) }
+        while (!found && it.hasNext) { val u = it.next(); found = (u eq UndoEntry.FromEmpty) || u.containsKeyOf(entry, hash) }
         found
       }
     }
@@ -412,21 +411,29 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
       val hash = Entry.keyHash(entry) // from the entry, not the table's hashes, which a resize may replace meanwhile
       if (!changedAfterS(entry, hash)) emit(entry, hash)
     }
-    val seen = new JHashSet[Key]()
+    // A key's record in the first of these entries that has the key holds its value at `s`.
+    val earlier = scala.collection.mutable.ArrayBuffer.empty[UndoEntry]
+    def recordedEarlier(recorded: Array[Byte], hash: Int): Boolean = {
+      var j = 0
+      while (j < earlier.length) { if (earlier(j).containsKeyOf(recorded, hash)) return true; j += 1 }
+      false
+    }
     val it = later.values().iterator()
     var emptied = false // past a FromEmpty marker, every key first seen was absent at `s`
     while (it.hasNext && !emptied) {
       val u = it.next()
-      if (u eq LiveState.FromEmpty) emptied = true
-      else u.forEach { (key, prior) => if (seen.add(key) && !Tombstone.is(prior)) emit(prior, key.hashCode) }
+      if (u eq UndoEntry.FromEmpty) emptied = true
+      else {
+        u.foreach { (recorded, hash, wasAbsent) =>
+          if (!wasAbsent && !recordedEarlier(recorded, hash)) emit(recorded, hash)
+        }
+        earlier += u
+      }
     }
   }
 }
 
 object LiveState {
-  /** The undo entry of a version committed on top of an empty state: step back by clearing. */
-  private val FromEmpty = new JHashMap[Key, Array[Byte]](1)
-
   /** A lazily loaded state is whole after at most this many commits, each loading its share. */
   val LoadSteps = 8
 
@@ -459,7 +466,7 @@ final class PreparedCommit private[engine] (
     private[engine] val priors: Array[Array[Byte]],
     /** The table's [[EntryTable.stamp]] when the slots were found. */
     private[engine] val stamp: Int,
-    private[engine] val undoEntry: JHashMap[Key, Array[Byte]],
+    private[engine] val undoEntry: UndoEntry,
     private[engine] val undoBytes: Long,
     /** Keys added minus keys removed. */
     val keyDelta: Long)

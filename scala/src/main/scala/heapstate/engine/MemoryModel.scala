@@ -19,8 +19,11 @@ object MemoryModel {
   def changeEntry(key: Key, entry: Array[Byte]): Long =
     40 + array(key.bytes.length) + 24 + (if (Tombstone.is(entry)) 0 else array(entry.length))
 
-  /** An undo record: HashMap node and table share, and the key; old entries are kept alive. */
-  def undoEntry(prior: Array[Byte]): Long = 64 + (if (Tombstone.is(prior)) 0 else array(prior.length))
+  /**
+   * An [[UndoEntry]] of `capacity` slots, without the prior entries it keeps alive (each counted
+   * as [[liveEntry]]): the object, its reference and hash arrays, and its bit set.
+   */
+  def undoTable(capacity: Int): Long = 24 + 2 * array(4 * capacity) + 24 + array(8 * ((capacity + 63) / 64))
 
   /** A prefix index member: a HashSet node plus its share of the set's table. */
   val prefixMember: Long = 48

@@ -1,0 +1,75 @@
+package heapstate.bench
+
+import java.lang.management.ManagementFactory
+
+import org.apache.spark.unsafe.Platform
+
+import heapstate.engine.{ChangeSet, Entry, Key, LiveState}
+
+/**
+ * The heap an undo log holds, measured: one partition of W1 (`--keys` keys, a 16-byte key row
+ * and a value row of W1's size), then `--versions` commits of `--updates` random updates each,
+ * with every undo entry kept, as while a snapshot of the first of them is being written. The heap
+ * used after a full GC is taken with the undo log and again after dropping it; the difference,
+ * less the prior entries the log keeps alive (which any undo log must), is what the records
+ * themselves cost. It also prints what `memoryUsedBytes` counts for them.
+ * {{{
+ *   bin/sbt "bench/runMain heapstate.bench.UndoHeap"
+ *   bin/sbt "bench/runMain heapstate.bench.UndoHeap --keys 250000 --updates 2500 --versions 10"
+ * }}}
+ * Run it in a JVM of its own (`bin/sbt` forks one): other live objects would blur the figure.
+ */
+object UndoHeap {
+  def main(args: Array[String]): Unit = {
+    val opts = args.grouped(2).collect { case Array(k, v) if k.startsWith("--") => k.drop(2) -> v }.toMap
+    val keys = opts.getOrElse("keys", "250000").toInt
+    val updates = opts.getOrElse("updates", "2500").toInt
+    val versions = opts.getOrElse("versions", "10").toInt
+    val valueBytes = opts.getOrElse("value-bytes", "296").toInt // W1's row: 256 hex chars, a flag, a count
+    val rnd = new scala.util.Random(7)
+    def keyBytes(k: Int): Array[Byte] = {
+      val b = new Array[Byte](16) // an UnsafeRow of one long: the null bits, then the long
+      Platform.putLong(b, Platform.BYTE_ARRAY_OFFSET + 8, k.toLong)
+      b
+    }
+    def value(): Array[Byte] = { val v = new Array[Byte](valueBytes); rnd.nextBytes(v); v }
+
+    val live = new LiveState(None, 0, keys)
+    val first = new ChangeSet(live)
+    (0 until keys).foreach(k => first.put(Key(keyBytes(k)), Entry(keyBytes(k), value())))
+    live.applyCommit(live.prepareCommit(first), 0)
+    first.release() // the table holds the entries now; the change set must not keep them alive
+    var priorBytes = 0L
+    for (v <- 2 to versions + 1) {
+      val changes = new ChangeSet(live)
+      val chosen = scala.collection.mutable.HashSet.empty[Int]
+      while (chosen.size < updates) chosen += rnd.nextInt(keys)
+      chosen.foreach { k =>
+        priorBytes += align(16 + live.get(Key(keyBytes(k))).length) // the entry the undo log will keep
+        changes.put(Key(keyBytes(k)), Entry(keyBytes(k), value()))
+      }
+      live.applyCommit(live.prepareCommit(changes), 1) // keeps every undo entry above version 1
+    }
+    val counted = live.memoryBytes
+    val withUndo = usedAfterGc()
+    live.dropUndoUpTo(live.version)
+    val without = usedAfterGc()
+    val records = versions.toLong * updates
+    val recordBytes = withUndo - without - priorBytes
+    println(f"keys $keys, $versions versions of $updates updates kept: $records undo records")
+    println(f"heap with the undo log ${withUndo / 1e6}%.1f MB, without ${without / 1e6}%.1f MB; prior entries ${priorBytes / 1e6}%.1f MB")
+    println(f"the records themselves: ${recordBytes / 1e6}%.2f MB, ${recordBytes.toDouble / records}%.1f B per record")
+    println(f"memoryUsedBytes counted for the undo log: ${(counted - live.memoryBytes) / 1e6}%.2f MB " +
+      f"(${(counted - live.memoryBytes - priorBytes).toDouble / records}%.1f B per record beyond the prior entries)")
+    // Keep `live` reachable to here, so that the second measurement still holds the state.
+    require(live.numKeys == keys)
+  }
+
+  private def align(n: Long): Long = (n + 7) & ~7L
+
+  private def usedAfterGc(): Long = {
+    val bean = ManagementFactory.getMemoryMXBean
+    (1 to 3).foreach { _ => System.gc(); Thread.sleep(200) }
+    bean.getHeapMemoryUsage.getUsed
+  }
+}

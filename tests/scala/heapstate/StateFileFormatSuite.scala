@@ -216,6 +216,44 @@ class StateFileFormatSuite extends AnyFunSuite {
     assert(sink.size() < data.length / 2)
   }
 
+  test("zstd streams reuse contexts and buffers: every frame reads back, and one that failed is not reused") {
+    val random = new java.util.Random(9)
+    def data(n: Int) = Array.tabulate[Byte](n)(i => if (i % 3 == 0) random.nextInt(256).toByte else (i % 7).toByte)
+    def roundTrip(bytes: Array[Byte]): Unit = {
+      val sink = new ByteArrayOutputStream()
+      val z = Codec.Zstd.compress(sink)
+      z.write(bytes, 0, bytes.length)
+      z.close()
+      val back = Codec.Zstd.decompress(new ByteArrayInputStream(sink.toByteArray)).readAllBytes()
+      assert(back.toSeq == bytes.toSeq, s"a frame of ${bytes.length} bytes")
+    }
+    // One after another (each reuses the kit the one before gave back), then several open at once.
+    Seq(0, 1, 100, DirectZstdOutput.InputBytes + 3, 5000, 0, 70000).foreach(n => roundTrip(data(n)))
+    assert(DirectZstdOutput.idleKits >= 1 && DirectZstdOutput.idleKits <= 4)
+    val open = (1 to 6).map { i =>
+      val sink = new ByteArrayOutputStream()
+      val bytes = data(1000 * i)
+      val z = Codec.Zstd.compress(sink)
+      z.write(bytes, 0, bytes.length)
+      (sink, bytes, z)
+    }
+    open.foreach { case (sink, bytes, z) =>
+      z.close()
+      assert(Codec.Zstd.decompress(new ByteArrayInputStream(sink.toByteArray)).readAllBytes().toSeq == bytes.toSeq)
+    }
+    assert(DirectZstdOutput.idleKits == 4, "at most four kits are kept")
+    // A stream whose output fails mid-frame: its context is closed, not handed to the next stream.
+    val failing = new java.io.OutputStream {
+      override def write(b: Int): Unit = throw new java.io.IOException("disk full")
+      override def write(b: Array[Byte], off: Int, len: Int): Unit = throw new java.io.IOException("disk full")
+    }
+    val broken = Codec.Zstd.compress(failing)
+    val big = data(DirectZstdOutput.InputBytes * 2)
+    intercept[java.io.IOException] { try broken.write(big, 0, big.length) finally broken.close() }
+    assert(DirectZstdOutput.idleKits == 3, "the failed stream's kit was taken and not given back")
+    (1 to 5).foreach(i => roundTrip(data(777 * i)))
+  }
+
   test("an empty snapshot round-trips, with no buckets to read") {
     val bytes = writeSnapshot(Codec.Zstd, Nil)
     assert(readSnapshot(bytes)._1.isEmpty)

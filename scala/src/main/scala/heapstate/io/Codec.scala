@@ -79,14 +79,17 @@ final class DirectBlocks {
  * [[DirectBlocks]]: zstd-jni's own output stream pins the caller's arrays in every call, and a
  * commit's journal is compressed on the task thread. Any zstd stream reader reads the frame.
  * `close` ends the frame and closes `out`.
+ *
+ * The context and buffers come from a small pool ([[DirectZstdOutput.Kit]]): every commit writes
+ * a journal, and a fresh context allocates and clears zstd's tables on its first call, besides
+ * two direct buffers that only a garbage collection gives back.
  */
 final class DirectZstdOutput(out: OutputStream) extends OutputStream {
-  private val ctx = new ZstdCompressCtx()
-  ctx.setLevel(1)
-  private val in = java.nio.ByteBuffer.allocateDirect(DirectZstdOutput.InputBytes)
-  private val compressed = java.nio.ByteBuffer.allocateDirect(
-    Math.toIntExact(com.github.luben.zstd.Zstd.compressBound(DirectZstdOutput.InputBytes.toLong)))
-  private val copy = new Array[Byte](compressed.capacity)
+  private val kit = DirectZstdOutput.take()
+  private val ctx = kit.ctx
+  private val in = kit.in
+  private val compressed = kit.compressed
+  private val copy = kit.copy
   private var closed = false
 
   override def write(b: Int): Unit = {
@@ -131,14 +134,52 @@ final class DirectZstdOutput(out: OutputStream) extends OutputStream {
   override def flush(): Unit = { compress(EndDirective.FLUSH); out.flush() }
 
   override def close(): Unit = if (!closed) {
-    try { compress(EndDirective.END); out.close() }
-    finally { closed = true; ctx.close() }
+    var ended = false
+    try { compress(EndDirective.END); ended = true; out.close() }
+    finally {
+      closed = true
+      // A context whose frame did not end cleanly is not reused.
+      if (ended) DirectZstdOutput.give(kit) else ctx.close()
+    }
   }
 }
 
 object DirectZstdOutput {
   /** Input gathered before each call into zstd. */
   val InputBytes: Int = 128 * 1024
+
+  /** A zstd context at level 1 and the buffers a stream uses with it; one stream at a time. */
+  private[io] final class Kit {
+    val ctx = new ZstdCompressCtx()
+    ctx.setLevel(1)
+    val in: java.nio.ByteBuffer = java.nio.ByteBuffer.allocateDirect(InputBytes)
+    val compressed: java.nio.ByteBuffer = java.nio.ByteBuffer.allocateDirect(
+      Math.toIntExact(com.github.luben.zstd.Zstd.compressBound(InputBytes.toLong)))
+    val copy = new Array[Byte](compressed.capacity)
+  }
+
+  /** Kits kept for reuse: about one per task thread writing journals at once. */
+  private val MaxIdle = 4
+  private val idle = new java.util.concurrent.ConcurrentLinkedQueue[Kit]()
+  private val idleCount = new java.util.concurrent.atomic.AtomicInteger()
+
+  private def take(): Kit = {
+    val k = idle.poll()
+    if (k == null) new Kit
+    else {
+      idleCount.decrementAndGet()
+      k.in.clear()
+      k
+    }
+  }
+
+  /** Returns a kit whose last frame ended: kept for the next stream, or closed when enough are kept. */
+  private def give(k: Kit): Unit =
+    if (idleCount.incrementAndGet() <= MaxIdle) idle.offer(k)
+    else { idleCount.decrementAndGet(); k.ctx.close() }
+
+  /** How many kits wait for reuse (tests). */
+  private[heapstate] def idleKits: Int = idleCount.get
 }
 
 object Codec {

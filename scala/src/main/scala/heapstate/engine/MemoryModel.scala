@@ -21,9 +21,10 @@ object MemoryModel {
 
   /**
    * An [[UndoEntry]] of `capacity` slots, without the prior entries it keeps alive (each counted
-   * as [[liveEntry]]): the object, its reference and hash arrays, and its bit set.
+   * as [[liveEntry]]): the object (a header and five fields), its reference and hash arrays, and
+   * its bit set (an object and its words).
    */
-  def undoTable(capacity: Int): Long = 24 + 2 * array(4 * capacity) + 24 + array(8 * ((capacity + 63) / 64))
+  def undoTable(capacity: Int): Long = 32 + 2 * array(4 * capacity) + 24 + array(8 * ((capacity + 63) / 64))
 
   /** A prefix index member: a HashSet node plus its share of the set's table. */
   val prefixMember: Long = 48

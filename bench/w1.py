@@ -94,6 +94,28 @@ when the program first uses it, so the kernel's first-touch page faults land whe
 Off by default: the default measures as BENCHMARKS.md's reference figures did."""
 
 
+def add_jvm_arguments(parser: argparse.ArgumentParser, heap_example: str) -> None:
+    """``--pretouch`` and ``--java-option``, which W1 and W5 share; see ``worker_java_options``."""
+    parser.add_argument(
+        "--pretouch",
+        action="store_true",
+        help=f"start every worker JVM with {PRETOUCH} (see PRETOUCH in w1.py)",
+    )
+    parser.add_argument(
+        "--java-option",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help=f"an extra option for every worker JVM, such as {heap_example} "
+        "(repeatable; one word each)",
+    )
+
+
+def worker_java_options(args: argparse.Namespace) -> list[str]:
+    """The worker JVMs' extra options that ``add_jvm_arguments``'s flags ask for."""
+    return [*args.java_option, *([PRETOUCH] if args.pretouch else [])]
+
+
 @dataclass(frozen=True)
 class Size:
     keys: int
@@ -656,18 +678,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="each provider in its own Python and JVM (the default but for --size small), or "
         "all in one (quicker; heap figures then include what earlier providers left behind)",
     )
-    parser.add_argument(
-        "--pretouch",
-        action="store_true",
-        help=f"start every worker JVM with {PRETOUCH} (see PRETOUCH in w1.py)",
-    )
-    parser.add_argument(
-        "--java-option",
-        action="append",
-        default=[],
-        metavar="OPTION",
-        help="an extra option for every worker JVM, such as -Xms6g (repeatable; one word each)",
-    )
+    add_jvm_arguments(parser, heap_example="-Xms6g")
     parser.add_argument("--maintenance-interval", help=f"sets {MAINTENANCE_CONF}")
     parser.add_argument(
         "--conf",
@@ -847,7 +858,7 @@ def main(argv: list[str] | None = None) -> int:
 
     runs: dict[str, dict[str, Any]] = {}
     failures: dict[str, str] = {}
-    java_options = [*args.java_option, *([PRETOUCH] if args.pretouch else [])]
+    java_options = worker_java_options(args)
     specs = [
         {
             **params,

@@ -101,18 +101,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--jar", help="the heapstate jar (default: heapstate.jar_path())")
     parser.add_argument("--driver-memory", help="every run's driver heap (default: the size's)")
     parser.add_argument("--jvm", choices=["per-provider", "shared"], help="as in w1.py")
-    parser.add_argument(
-        "--pretouch",
-        action="store_true",
-        help=f"start every provider's worker JVM with {PRETOUCH} (see PRETOUCH in w5.py)",
-    )
-    parser.add_argument(
-        "--java-option",
-        action="append",
-        default=[],
-        metavar="OPTION",
-        help="an extra option for every worker JVM, such as -Xms12g (repeatable; one word each)",
-    )
+    w1.add_jvm_arguments(parser, heap_example="-Xms12g")
     parser.add_argument("--maintenance-interval", help=f"sets {MAINTENANCE_CONF}")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--work-dir", help="where checkpoints go (default: a temporary folder)")
@@ -356,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
 
-    java_options = [*args.java_option, *([PRETOUCH] if args.pretouch else [])]
+    java_options = w1.worker_java_options(args)
     runs: dict[str, dict[str, Any]] = {}
     failures: dict[str, str] = {}
     try:

@@ -4,7 +4,7 @@ import java.lang.management.ManagementFactory
 
 import org.apache.spark.unsafe.Platform
 
-import heapstate.engine.{ChangeSet, Entry, Key, LiveState}
+import heapstate.engine.{ChangeSet, Entry, Key, LiveState, MemoryModel}
 
 /**
  * The heap an undo log holds, measured: one partition of W1 (`--keys` keys, a 16-byte key row
@@ -45,8 +45,9 @@ object UndoHeap {
       val chosen = scala.collection.mutable.HashSet.empty[Int]
       while (chosen.size < updates) chosen += rnd.nextInt(keys)
       chosen.foreach { k =>
-        priorBytes += align(16 + live.get(Key(keyBytes(k))).length) // the entry the undo log will keep
-        changes.put(Key(keyBytes(k)), Entry(keyBytes(k), value()))
+        val key = Key(keyBytes(k))
+        priorBytes += MemoryModel.liveEntry(live.get(key)) // the entry the undo log will keep
+        changes.put(key, Entry(key.bytes, value()))
       }
       live.applyCommit(live.prepareCommit(changes), 1) // keeps every undo entry above version 1
     }
@@ -64,8 +65,6 @@ object UndoHeap {
     // Keep `live` reachable to here, so that the second measurement still holds the state.
     require(live.numKeys == keys)
   }
-
-  private def align(n: Long): Long = (n + 7) & ~7L
 
   private def usedAfterGc(): Long = {
     val bean = ManagementFactory.getMemoryMXBean

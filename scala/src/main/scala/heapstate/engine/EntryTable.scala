@@ -48,6 +48,10 @@ final class EntryTable(expectedKeys: Int = 16) {
 
   def get(key: Key): Array[Byte] = get(key.bytes, Platform.BYTE_ARRAY_OFFSET, key.bytes.length, key.hashCode)
 
+  /** The entry of the key that `entry` holds (hashing to `hash`), or null. */
+  def getKeyOf(entry: Array[Byte], hash: Int): Array[Byte] =
+    get(entry, Platform.BYTE_ARRAY_OFFSET + Entry.keyStart, Entry.keyLength(entry), hash)
+
   /**
    * The slot holding `key`'s entry, or -1. The slot stays the key's for as long as [[stamp]] does
    * not change and the key is not removed: entries never move within one set of arrays.

@@ -204,8 +204,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     if ((pending eq p) && !p.loaded.get(b)) {
       val checkDeleted = !p.deleted.isEmpty
       p.buckets.read(b) { (entry, hash) =>
-        val keyLength = Entry.keyLength(entry)
-        val newer = table.get(entry, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET + Entry.keyStart, keyLength, hash) != null
+        val newer = table.getKeyOf(entry, hash) != null
         if (!newer && !(checkDeleted && p.deleted.contains(new EntryKeyProbe(entry)))) store(entry, hash)
       }
       p.loaded.set(b)
@@ -323,8 +322,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
       val counting = pending != null // the commit looked up every key of `entry`: the table knows them
       entry.foreach { (recorded, hash, wasAbsent) =>
         if (counting) {
-          val present = table.get(recorded, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET + Entry.keyStart, Entry.keyLength(recorded), hash) != null
-          pendingKeys += ChangeSet.keyDelta(present, if (wasAbsent) Tombstone.bytes else recorded)
+          pendingKeys += ChangeSet.keyDelta(table.getKeyOf(recorded, hash) != null, if (wasAbsent) Tombstone.bytes else recorded)
         }
         if (wasAbsent) remove(Entry.key(recorded), hash) else store(recorded, hash)
       }

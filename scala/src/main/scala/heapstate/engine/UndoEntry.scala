@@ -24,8 +24,6 @@ final class UndoEntry private (capacity: Int) {
   private val absent = new java.util.BitSet(capacity)
   private var records = 0
 
-  def size: Int = records
-
   /**
    * Records a changed key, hashing to `hash`: `prior` is its entry before the version, or null when
    * it was absent; `stored` is the entry the version stores for it, or [[Tombstone]]. Only the

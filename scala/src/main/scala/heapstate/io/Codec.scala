@@ -148,7 +148,10 @@ object DirectZstdOutput {
   /** Input gathered before each call into zstd. */
   val InputBytes: Int = 128 * 1024
 
-  /** A zstd context at level 1 and the buffers a stream uses with it; one stream at a time. */
+  /**
+   * A zstd context at level 1 and the buffers a stream uses with it; one stream at a time. A kit
+   * is given back only after its frame ended, and `compress` clears `in` after every call.
+   */
   private[io] final class Kit {
     val ctx = new ZstdCompressCtx()
     ctx.setLevel(1)
@@ -158,28 +161,16 @@ object DirectZstdOutput {
     val copy = new Array[Byte](compressed.capacity)
   }
 
-  /** Kits kept for reuse: about one per task thread writing journals at once. */
-  private val MaxIdle = 4
-  private val idle = new java.util.concurrent.ConcurrentLinkedQueue[Kit]()
-  private val idleCount = new java.util.concurrent.atomic.AtomicInteger()
+  /** Kits kept for reuse, at most 4: about one per task thread writing journals at once. */
+  private val idle = new java.util.concurrent.ArrayBlockingQueue[Kit](4)
 
-  private def take(): Kit = {
-    val k = idle.poll()
-    if (k == null) new Kit
-    else {
-      idleCount.decrementAndGet()
-      k.in.clear()
-      k
-    }
-  }
+  private def take(): Kit = { val k = idle.poll(); if (k == null) new Kit else k }
 
   /** Returns a kit whose last frame ended: kept for the next stream, or closed when enough are kept. */
-  private def give(k: Kit): Unit =
-    if (idleCount.incrementAndGet() <= MaxIdle) idle.offer(k)
-    else { idleCount.decrementAndGet(); k.ctx.close() }
+  private def give(k: Kit): Unit = if (!idle.offer(k)) k.ctx.close()
 
   /** How many kits wait for reuse (tests). */
-  private[heapstate] def idleKits: Int = idleCount.get
+  private[heapstate] def idleKits: Int = idle.size
 }
 
 object Codec {

@@ -193,6 +193,24 @@ class EntryTableSuite extends AnyFunSuite {
     }
   }
 
+  test("a key removed and put back while an iterator runs is not seen twice, also where its chain wraps around") {
+    val t = new EntryTable() // 32 slots
+    val hash = t.capacity - 2 // a chain of keys hashing here runs through the last two slots into 0, 1, ...
+    val ks = (1 to 4).map(k => entry(k, k.toLong))
+    ks.foreach(e => t.put(e, hash)) // slots 30, 31, 0, 1
+    val it = t.iterator
+    val seen = mutable.ArrayBuffer(it.next(), it.next()) // slots 0 and 1: keys 3 and 4
+    assert(seen.map(e => Platform.getInt(e, Platform.BYTE_ARRAY_OFFSET + Entry.keyStart)) == Seq(3, 4))
+    val k2 = Entry.key(ks(1)); val k4 = Entry.key(ks(3))
+    t.remove(k2, Platform.BYTE_ARRAY_OFFSET, k2.length, hash) // slot 31 is free
+    t.remove(k4, Platform.BYTE_ARRAY_OFFSET, k4.length, hash) // slot 1 is free
+    t.put(entry(4, 40), hash) // first in the chain is 31, lowest is 1
+    it.foreach(seen += _)
+    val keys = seen.map(e => Platform.getInt(e, Platform.BYTE_ARRAY_OFFSET + Entry.keyStart))
+    assert(keys.sorted == Seq(1, 3, 4), s"seen: $keys")
+    assert(contents(t) == Map(1 -> 1L, 3 -> 3L, 4 -> 40L))
+  }
+
   test("an iterator running beside the writer sees each key once, with a value it had") {
     val t = new EntryTable()
     val stable = 0 until 20000 // never touched while iterating: must all be seen, unchanged

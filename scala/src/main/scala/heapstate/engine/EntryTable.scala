@@ -18,6 +18,8 @@ import org.apache.spark.unsafe.array.ByteArrayMethods
  *    reference store is atomic;
  *  - a removal leaves the [[Deleted]] marker in its slot, so no entry ever moves to another slot
  *    of the same array (backward-shift deletion would, and an iterator could miss it);
+ *  - a key put back after a removal takes the lowest-indexed removed slot of its chain, at or
+ *    below its old one, so an iterator that saw it in its old slot does not meet it again;
  *  - a resize builds new arrays and publishes them through a volatile field; an iterator keeps
  *    the arrays it started with, which the writer no longer changes.
  * Readers that must know whether a key changed after some version consult the undo log, which
@@ -97,7 +99,10 @@ final class EntryTable(expectedKeys: Int = 16) {
     var free = -1
     var e = es(i)
     while (e != null) {
-      if (e eq Deleted) { if (free < 0) free = i }
+      // Any removed slot of the chain will do; the lowest-indexed one keeps a key put back after
+      // a removal from landing past its old slot, where an iterator that saw it there would see
+      // it again (a chain that wraps past the array's end has its first slots at its high end).
+      if (e eq Deleted) { if (free < 0 || i < free) free = i }
       else if (hashes(i) == hash && Entry.sameKey(e, entry)) { es(i) = entry; return e }
       i = (i + 1) & mask
       e = es(i)

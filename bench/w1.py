@@ -465,6 +465,11 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     def marking(b: dict[str, Any]) -> float:
         return marking_ms_between(cycles or [], b["start_epoch_ms"], b["end_epoch_ms"])
 
+    def commit_part(metric: str) -> float | None:
+        """The median over the steady batches of a heapstate commit-time metric, in ms."""
+        parts = [(b.get("custom_metrics") or {}).get(metric) for b in steady]
+        return median([v / 1000 for v in parts if v is not None])
+
     heap_after = heap_after_full_gcs(run.get("heap_after"))
     heap_base = heap_after_full_gcs(run.get("heap_baseline"))
     return {
@@ -475,6 +480,10 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         "commit_ms_median_compaction": median(compaction_commit),
         "commit_ms_max_compaction": maximum(compaction_commit),
         "commit_ms_median_other": median(other_commit),
+        # heapstate's split of its commit time: its store's own work, and Spark's report to the
+        # state store coordinator that every provider's commit waits for (summed over partitions).
+        "commit_store_ms_median": commit_part("heapstateCommitStoreMicros"),
+        "commit_report_ms_median": commit_part("heapstateCommitReportMicros"),
         "memory_used_bytes": batches[-1]["memory_used_bytes"] if batches else None,
         "heap_retained_bytes": heap_after,
         "heap_retained_over_baseline_bytes": (
@@ -512,6 +521,8 @@ METRICS = [
     Metric("commit_ms_median_compaction", "median commit, compaction batches", fmt_ms),
     Metric("commit_ms_max_compaction", "max commit, compaction batches", fmt_ms),
     Metric("commit_ms_median_other", "median commit, other batches", fmt_ms),
+    Metric("commit_store_ms_median", "  of the commit, in heapstate's store (median)", fmt_ms_fine),
+    Metric("commit_report_ms_median", "  of it, the coordinator report (median)", fmt_ms_fine),
     Metric("memory_used_bytes", "memoryUsedBytes (last batch)", fmt_bytes),
     Metric("heap_retained_bytes", "heap after full GC", fmt_bytes),
     Metric("heap_retained_over_baseline_bytes", "  of which since query start", fmt_bytes),

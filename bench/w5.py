@@ -150,6 +150,8 @@ def growth(summary: dict[int, dict[str, Any]]) -> dict[str, Any]:
         "to_keys": ks[-1],
         "trigger_ratio": _growth(low, high, "trigger_ms_median"),
         "commit_ratio": _growth(low, high, "commit_ms_median"),
+        "commit_store_ratio": _growth(low, high, "commit_store_ms_median"),
+        "commit_report_ratio": _growth(low, high, "commit_report_ms_median"),
         "memory_per_key_ratio": _growth(low, high, "memory_used_bytes_per_key"),
         "heap_per_key_ratio": _growth(low, high, "heap_retained_per_key"),
     }
@@ -212,6 +214,7 @@ def print_report(
         "median trigger",
         "max trigger",
         "median commit",
+        "  store / report",
         "memoryUsedBytes",
         "per key",
         "heap per key",
@@ -233,6 +236,7 @@ def print_report(
                     cell("trigger_ms_median", fmt_ms),
                     cell("trigger_ms_max", fmt_ms),
                     cell("commit_ms_median", fmt_ms),
+                    split(s),
                     cell("memory_used_bytes", fmt_bytes),
                     cell("memory_used_bytes_per_key", lambda v: f"{v:,.0f} B"),
                     cell("heap_retained_per_key", lambda v: f"{v:,.0f} B"),
@@ -242,7 +246,18 @@ def print_report(
             )
     _print_rows(rows)
     print("\nGrowth, largest K over the K before it (1.00x is flat):")
-    rows = [("provider", "K", "median trigger", "median commit", "memory per key", "heap per key")]
+    rows = [
+        (
+            "provider",
+            "K",
+            "median trigger",
+            "median commit",
+            "  in the store",
+            "  in the report",
+            "memory per key",
+            "heap per key",
+        )
+    ]
     for name, g in growths.items():
 
         def r(key: str, g: dict[str, Any] = g) -> str:
@@ -254,6 +269,8 @@ def print_report(
                 f"{g['from_keys']:,} -> {g['to_keys']:,}",
                 r("trigger_ratio"),
                 r("commit_ratio"),
+                r("commit_store_ratio"),
+                r("commit_report_ratio"),
                 r("memory_per_key_ratio"),
                 r("heap_per_key_ratio"),
             )
@@ -267,6 +284,12 @@ def print_report(
             if t["value"] is not None and t["limit"] is not None:
                 detail = f"  ({t['value']:,.2f} vs limit {t['limit']:,.2f})"
             print(f"  {verdict}  {t['target']}{detail}")
+
+
+def split(s: dict[str, Any]) -> str:
+    """heapstate's median commit parts: its store's own work, and Spark's coordinator report."""
+    store, report = s.get("commit_store_ms_median"), s.get("commit_report_ms_median")
+    return "-" if store is None or report is None else f"{store:,.1f} / {report:,.1f} ms"
 
 
 def _print_rows(rows: list[tuple[str, ...]]) -> None:

@@ -316,8 +316,15 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     val s = p.getStore(0, None, false, false)
     (1 to 1000).foreach(i => put(s, i, i))
     assert(s.metrics.numKeys == 1000)
+    assert(s.metrics.customMetrics(HeapStateStoreProvider.CommitStoreTime) == 0, "no commit yet")
+    val started = System.nanoTime()
     s.commit()
+    val wallMicros = (System.nanoTime() - started) / 1000
     val m = s.metrics
+    // The commit's time, split into the store's work and the coordinator report, within its wall time.
+    val (stored, reported) =
+      (m.customMetrics(HeapStateStoreProvider.CommitStoreTime), m.customMetrics(HeapStateStoreProvider.CommitReportTime))
+    assert(stored > 0 && reported >= 0 && stored + reported <= wallMicros, (stored, reported, wallMicros))
     assert(m.numKeys == 1000)
     // 1000 keys of 16 + 16 bytes of row data; the estimate includes per-entry overhead.
     assert(m.memoryUsedBytes >= 1000L * 32 && m.memoryUsedBytes <= 1000L * 200, m.memoryUsedBytes)

@@ -258,6 +258,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
     private val changes = new ChangeSet(live)
     private var phase: Phase = Updating
     private var committed: CommitResult = _
+    /** Microseconds [[commit]] spent in the engine, and then reporting to Spark's coordinator. */
+    private var storeMicros, reportMicros = 0L
 
     override def id: StateStoreId = storeId
 
@@ -317,12 +319,16 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
     override def commit(): Long = {
       requireWritable("commit")
       val newId = if (checkpointIds) Some(java.util.UUID.randomUUID().toString) else None
+      val started = System.nanoTime()
       committed = engine.commit(version, changes, uniqueId, newId)
+      val stored = System.nanoTime()
       phase = Committed
       changes.release() // the live state and the undo log hold what they need of it
       if (storeConf.commitValidationEnabled) {
         StateStore.reportCommitToCoordinator(committed.version, storeId, hadoopConf)
       }
+      storeMicros = (stored - started) / 1000
+      reportMicros = (System.nanoTime() - stored) / 1000
       if (forceSnapshot) engine.snapshotIfDue(force = true).foreach(reportSnapshot)
       // A batch that began by rebuilding its state from files (a restart, a moved store) leaves
       // the cores to the other partitions still loading; the next commit starts the snapshot.
@@ -348,6 +354,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
           UpdatesSquashed -> (if (committed == null) 0L else committed.squashed),
           SnapshotLag -> engine.snapshotLag,
           LoadTime -> engine.loadMsOf(version),
+          CommitStoreTime -> storeMicros,
+          CommitReportTime -> reportMicros,
           BucketsPending -> engine.bucketsPending))
     }
 
@@ -425,7 +433,18 @@ object HeapStateStoreProvider {
   val BucketsPending: StateStoreCustomMetric =
     StateStoreCustomSumMetric("heapstateSnapshotBucketsPending", "heapstate: buckets of a snapshot still to load after a rebuild from files (loaded as keys are asked for, and a share after each commit), summed over partitions")
 
-  val CustomMetrics: Seq[StateStoreCustomMetric] = Seq(JournalBytes, KeysWritten, UpdatesSquashed, SnapshotLag, LoadTime, BucketsPending)
+  /**
+   * Where a commit's time goes. Spark's `commitTimeMs` is the whole of `commit`: the store's own
+   * work (journal, table, undo log), then the report to Spark's state store coordinator, a call to
+   * the driver that every provider makes and waits for, and a background snapshot's start.
+   */
+  val CommitStoreTime: StateStoreCustomMetric =
+    StateStoreCustomSumMetric("heapstateCommitStoreMicros", "heapstate: microseconds its commits spent in the store (journal, table, undo log), summed over partitions")
+  val CommitReportTime: StateStoreCustomMetric =
+    StateStoreCustomSumMetric("heapstateCommitReportMicros", "heapstate: microseconds its commits waited for Spark's report to the state store coordinator, summed over partitions")
+
+  val CustomMetrics: Seq[StateStoreCustomMetric] =
+    Seq(JournalBytes, KeysWritten, UpdatesSquashed, SnapshotLag, LoadTime, BucketsPending, CommitStoreTime, CommitReportTime)
 
   /** Extracts the prefix key's bytes from a key's bytes (a projection per thread: they keep buffers). */
   private def prefixExtractor(keySchema: StructType, numColsPrefixKey: Int): Array[Byte] => Key = {

@@ -436,7 +436,8 @@ object HeapStateStoreProvider {
   /**
    * Where a commit's time goes. Spark's `commitTimeMs` is the whole of `commit`: the store's own
    * work (journal, table, undo log), then the report to Spark's state store coordinator, a call to
-   * the driver that every provider makes and waits for, and a background snapshot's start.
+   * the driver that every provider makes and waits for, and a background snapshot's start (or a
+   * snapshot Spark forces, written there and then: in neither part).
    */
   val CommitStoreTime: StateStoreCustomMetric =
     StateStoreCustomSumMetric("heapstateCommitStoreMicros", "heapstate: microseconds its commits spent in the store (journal, table, undo log), summed over partitions")

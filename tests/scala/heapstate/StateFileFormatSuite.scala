@@ -162,6 +162,108 @@ class StateFileFormatSuite extends AnyFunSuite {
     }
   }
 
+  /** Every bucket's entries of `buckets`, as (key, value), in bucket order. */
+  private def allBuckets(buckets: SnapshotBuckets): Seq[(Seq[Byte], Seq[Byte])] = {
+    val got = Seq.newBuilder[(Seq[Byte], Seq[Byte])]
+    for (b <- 0 until buckets.buckets) buckets.read(b) { (entry, _) =>
+      got += engine.Entry.key(entry).toSeq -> engine.Entry.value(entry).toSeq
+    }
+    got.result()
+  }
+
+  /** `bytes` as the file `name` in a new temporary directory. */
+  private def tempFile(bytes: Array[Byte], name: String = "7.hs-snapshot"): java.io.File = {
+    val dir = java.nio.file.Files.createTempDirectory("snapshot-map")
+    val file = dir.resolve(name)
+    java.nio.file.Files.write(file, bytes)
+    file.toFile.deleteOnExit(); dir.toFile.deleteOnExit()
+    file.toFile
+  }
+
+  /** Opens the snapshot in `file` as a restart does on a local disk: header from a stream, body mapped. */
+  private def openMapped(file: java.io.File, length: Long): SnapshotBuckets = {
+    val in = new java.io.FileInputStream(file)
+    try StateFileReader.openSnapshot(in, length, snapshotPath, 7, Some(file)).get finally in.close()
+  }
+
+  test("a snapshot opened from a local file is mapped, and its buckets read as the same ones read from a stream") {
+    // Large enough for many buckets of 4 KiB, and one read across the mapping's pages.
+    val entries = (0 until 20000).map(i => (s"key-$i".getBytes("UTF-8"), Array.fill(i % 300)((i * 7).toByte)))
+    val bytes = writeSnapshot(Codec.Zstd, entries, bucketBytes = 4096)
+    val fromStream = StateFileReader.openSnapshot(new ByteArrayInputStream(bytes), bytes.length, snapshotPath, 7).get
+    val mapped = openMapped(tempFile(bytes), bytes.length)
+    try {
+      assert(!fromStream.isMapped && mapped.isMapped)
+      assert(mapped.keyCount == 20000 && mapped.buckets == fromStream.buckets && mapped.heldBytes == fromStream.heldBytes)
+      val got = allBuckets(mapped)
+      assert(got == allBuckets(fromStream))
+      assert(got.toMap == entries.map { case (k, v) => k.toSeq -> v.toSeq }.toMap)
+      val key = "key-12345".getBytes("UTF-8")
+      val hash = engine.Key.hash(key, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.length)
+      val found = mapped.find(mapped.bucketOf(hash), key, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.length)
+      assert(engine.Entry.value(found).toSeq == entries(12345)._2.toSeq)
+    } finally { fromStream.close(); mapped.close() }
+  }
+
+  test("every truncation and every single bit flip of a mapped snapshot is detected, naming the file") {
+    val bytes = writeSnapshot(Codec.Zstd, snapshotEntries.take(60))
+    val file = tempFile(bytes)
+    def rejected(content: Array[Byte], listedLength: Long): StateFileException = {
+      java.nio.file.Files.write(file.toPath, content)
+      intercept[StateFileException] {
+        val buckets = openMapped(file, listedLength)
+        try allBuckets(buckets) finally buckets.close()
+      }
+    }
+    for (len <- 0 until bytes.length) assert(rejected(bytes.take(len), len).getMessage.contains(snapshotPath.toString))
+    for (pos <- bytes.indices; bit <- Seq(0, 5)) {
+      val damaged = bytes.clone()
+      damaged(pos) = (damaged(pos) ^ (1 << bit)).toByte
+      assert(rejected(damaged, damaged.length).getMessage.contains(snapshotPath.toString))
+    }
+    // A file whose size is not the one it was listed with (it changed since) is refused too.
+    assert(rejected(bytes, bytes.length - 1L).getMessage.contains("changed while being read"))
+  }
+
+  test("a mapped snapshot cut short after it was opened fails on read with an error naming the file and bucket") {
+    val entries = (0 until 20000).map(i => (s"key-$i".getBytes("UTF-8"), Array.fill(200)((i * 7).toByte)))
+    val bytes = writeSnapshot(Codec.Zstd, entries, bucketBytes = 4096)
+    val file = tempFile(bytes)
+    val buckets = openMapped(file, bytes.length)
+    try {
+      val raf = new java.io.RandomAccessFile(file, "rw")
+      try raf.getChannel.truncate(StateFileFormat.HeaderBytes.toLong) finally raf.close()
+      // The last bucket lies pages past the new end: reading its mapping faults, which the JVM
+      // reports as an InternalError; the first lies in the one page left, read as zeros.
+      val last = buckets.buckets - 1
+      val faulted = intercept[StateFileException](buckets.read(last)((_, _) => ()))
+      assert(faulted.getMessage.contains(snapshotPath.toString) && faulted.getMessage.contains(s"bucket $last: ") &&
+        faulted.getMessage.contains("mapped bytes cannot be read"), faulted.getMessage)
+      val zeroed = intercept[StateFileException](buckets.read(0)((_, _) => ()))
+      assert(zeroed.getMessage.contains(snapshotPath.toString) && zeroed.getMessage.contains("bucket 0: "), zeroed.getMessage)
+    } finally buckets.close()
+  }
+
+  test("snapshots on the local disk are mapped through StateFiles, unless a checkpoint file manager is named") {
+    val entries = snapshotEntries.take(60)
+    val bytes = writeSnapshot(Codec.Zstd, entries)
+    val file = tempFile(bytes)
+    val dir = new Path(file.getParentFile.toURI)
+    val listed = StateFileNames.StateFile(7, StateFileNames.Snapshot, new Path(dir, file.getName), bytes.length, None, None)
+    def open(conf: org.apache.hadoop.conf.Configuration): SnapshotBuckets =
+      new StateFiles(dir, conf, 3).openSnapshot(listed).get
+    val local = open(new org.apache.hadoop.conf.Configuration())
+    val named = new org.apache.hadoop.conf.Configuration()
+    named.set(StateFiles.FileManagerClassKey,
+      "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager")
+    val viaManager = open(named)
+    try {
+      assert(local.isMapped && !viaManager.isMapped)
+      assert(allBuckets(local) == allBuckets(viaManager))
+      assert(allBuckets(local).toMap == entries.map { case (k, v) => k.toSeq -> v.toSeq }.toMap)
+    } finally { local.close(); viaManager.close() }
+  }
+
   test("zstd blocks are the frames zstd-jni's byte-array call writes, and read back either way") {
     // The block codec goes through direct buffers (see DirectBlocks); the frames must stay the
     // ones the byte-array call writes with the same settings, so that files of either kind read.

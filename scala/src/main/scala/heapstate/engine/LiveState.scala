@@ -63,7 +63,8 @@ import heapstate.io.{SnapshotBuckets, StateFileException}
  * == Memory ==
  * Undo entries are kept for the newest `undoVersions` commits, and for every version above a
  * snapshot being written. Older ones are dropped; an older version is then rebuilt from files.
- * A snapshot still loading holds its stored (compressed) bytes until its last bucket is in.
+ * A snapshot still loading holds its stored (compressed) bytes, on the heap or mapped from the
+ * local file, until its last bucket is in.
  */
 final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: Long, expectedKeys: Int = 16) {
   private[engine] val table = new EntryTable(expectedKeys)

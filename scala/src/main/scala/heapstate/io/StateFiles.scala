@@ -19,6 +19,8 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
   private val fm = CheckpointFileManager.create(dir, hadoopConf)
   /** The cheaper manager for new local files; `fm` when there is none. See [[StateFiles.fastLocalManager]]. */
   private val fastFm = StateFiles.fastLocalManager(dir, hadoopConf).getOrElse(fm)
+  /** The local disk holding `dir`, whose snapshots are mapped instead of read (see [[openSnapshot]]). */
+  private val localFs = StateFiles.localFileSystem(dir, hadoopConf)
   @volatile private var dirReady = false
 
   /** Every heapstate file in the directory, by version then kind (journal before snapshot). */
@@ -94,10 +96,12 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
 
   /**
    * Reads and checks the snapshot `file` whole, for reading bucket by bucket; `None` when it is
-   * of format 1 (see [[StateFileReader.openSnapshot]]).
+   * of format 1 (see [[StateFileReader.openSnapshot]]). On the local disk its body is mapped, not
+   * copied onto the heap.
    */
   def openSnapshot(file: StateFile): Option[SnapshotBuckets] =
-    withInput(file)(in => StateFileReader.openSnapshot(in, file.length, file.path, file.version))
+    withInput(file)(in =>
+      StateFileReader.openSnapshot(in, file.length, file.path, file.version, localFs.map(_.pathToFile(file.path))))
 
   /** Opens `file` for `body` and closes it after; a file gone since listing is named as missing. */
   private def withInput[T](file: StateFile)(body: java.io.InputStream => T): T = {
@@ -132,8 +136,11 @@ object StateFiles {
    * Elsewhere (HDFS, object stores), and whenever the user names a manager, Spark's choice stands.
    */
   def fastLocalManager(dir: Path, hadoopConf: Configuration): Option[CheckpointFileManager] =
-    if (hadoopConf.get(FileManagerClassKey) != null) None
-    else rawLocal(dir.getFileSystem(hadoopConf)).map(raw => new LocalFileManager(dir, hadoopConf, raw))
+    localFileSystem(dir, hadoopConf).map(raw => new LocalFileManager(dir, hadoopConf, raw))
+
+  /** Hadoop's raw local file system holding `dir`, unless `dir` is elsewhere or the user names a manager. */
+  def localFileSystem(dir: Path, hadoopConf: Configuration): Option[org.apache.hadoop.fs.RawLocalFileSystem] =
+    if (hadoopConf.get(FileManagerClassKey) != null) None else rawLocal(dir.getFileSystem(hadoopConf))
 
   /** Hadoop's raw local file system under `fs`, when `fs` is the local disk (Hadoop's own classes for it). */
   private def rawLocal(fs: org.apache.hadoop.fs.FileSystem): Option[org.apache.hadoop.fs.RawLocalFileSystem] = fs match {

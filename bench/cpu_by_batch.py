@@ -1,0 +1,317 @@
+"""Where each micro-batch's CPU time went: a CPU profile of a W1 or W5 worker, cut at its batches.
+
+A batch's trigger time says how long it took, not what ran meanwhile. On a 2-core machine the
+task threads share the cores with the JIT compiler, the garbage collector, the driver's planning
+and a provider's background thread, and the kernel zeroes each page of heap that is written for
+the first time. This script attributes the CPU samples of an async-profiler recording (which sees
+all of those, native and kernel frames included) to the batches of a W1 or W5 report::
+
+    # 1. fetch async-profiler (once) and print the JVM option that records a worker:
+    .venv/bin/python bench/cpu_by_batch.py agent --out /tmp/profiles
+    # 2. run a benchmark with that option, for example:
+    .venv/bin/python bench/w1.py --size full --batches 30 --restart none --providers heapstate \\
+        --java-option=-agentpath:...
+    # 3. cut the recording at the report's batches:
+    .venv/bin/python bench/cpu_by_batch.py report --recording /tmp/profiles/worker-1234.jfr \\
+        --report bench/results/w1-....json --run heapstate
+
+The table has one row per batch: its trigger time, then CPU milliseconds (samples times the
+interval) in each category of ``CATEGORIES``, from every thread of the worker's JVM. Below it,
+the means over the steady batches (2 and later), and over the slowest quarter of them against the
+rest, which is where a spike's cause shows. One recording per worker JVM (``%p`` in the file
+name is its process id); pick the one whose samples cover the run's batches.
+
+async-profiler comes from Maven Central (``tools.profiler:async-profiler``, Linux x64), or from
+the mirror ``~/.m2/settings.xml`` names, into ``~/.cache/heapstate``. Reading the recording needs
+the JDK's ``jfr`` tool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import urllib.request
+import zipfile
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from _delta import maven_mirror
+
+PROFILER_VERSION = "3.0"
+PROFILER_PATH = f"tools/profiler/async-profiler/{PROFILER_VERSION}/async-profiler-{PROFILER_VERSION}-linux-x64.jar"
+MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
+CACHE = Path.home() / ".cache" / "heapstate"
+INTERVAL_MS = 2
+"""The sampling interval the ``agent`` option asks for: each sample stands for this much CPU."""
+
+CATEGORIES = (
+    "spark task",
+    "store",
+    "store commit",
+    "page zeroing",
+    "driver",
+    "jit",
+    "gc",
+    "store background",
+    "other",
+)
+"""Where a sample goes, in the table's column order:
+
+- ``page zeroing``: the kernel clearing a page at its first touch, in any thread (a fresh heap
+  region's first writes; it is counted here, not in the thread's own column);
+- ``store commit`` and ``store``: a task thread inside a state store's ``commit``, or elsewhere in a
+  store (heapstate's classes, Spark's HDFS or RocksDB store, RocksDB's JNI);
+- ``spark task``: the rest of the task threads' time;
+- ``driver``: the query's own thread (planning, progress);
+- ``jit`` and ``gc``: the compiler threads and the collector's threads;
+- ``store background``: heapstate's snapshot thread and Spark's state store maintenance thread;
+- ``other``: every other thread (RPC, listeners, the profiler)."""
+
+_ZEROING = re.compile(r"^clear_page(_erms|_rep|_orig)?\b")
+_STORE_FRAME = re.compile(
+    r"^(heapstate\.|org\.rocksdb\.|org\.apache\.spark\.sql\.execution\.streaming\.state\.(HDFSBacked|RocksDB))"
+)
+_GC_THREAD = re.compile(r"^(GC Thread|G1 |VM Thread|VM Periodic)")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One CPU sample: when (epoch ms), which thread, and its frames from the leaf down."""
+
+    epoch_ms: float
+    thread: str
+    frames: tuple[str, ...]
+
+
+def categorize(sample: Sample) -> str:
+    """The category of ``CATEGORIES`` one sample goes to."""
+    thread, frames = sample.thread, sample.frames
+    if frames and _ZEROING.match(frames[0]):
+        return "page zeroing"
+    if "CompilerThre" in thread:
+        return "jit"
+    if _GC_THREAD.match(thread):
+        return "gc"
+    if thread.startswith("Executor task"):
+        store = [f for f in frames if _STORE_FRAME.match(f)]
+        if any(f.rsplit("(", 1)[0].endswith(".commit") for f in store):
+            return "store commit"
+        return "store" if store else "spark task"
+    if thread.startswith("stream execution thread"):
+        return "driver"
+    if thread.startswith("heapstate-snapshot") or "state-store-maintenance" in thread:
+        return "store background"
+    return "other"
+
+
+_EVENT = re.compile(r"^jdk\.ExecutionSample \{")
+_TIME = re.compile(r"startTime = (\d+):(\d+):(\d+)\.(\d+)")
+_THREAD = re.compile(r'sampledThread = "([^"]*)"')
+_FRAME = re.compile(r"^\s{4}(\S.*?)(?:\s+line: \d+)?(?:\s+bci: \d+)?\s*$")
+
+
+def parse_samples(lines: Iterable[str], start: dt.datetime) -> Iterator[Sample]:
+    """The samples in ``jfr print --events jdk.ExecutionSample`` output (run with ``TZ=UTC``).
+
+    That output gives each sample's time of day only; ``start``, the recording's start in UTC,
+    gives the date, and a time of day before the start's is taken as the next day's."""
+    time: float | None = None
+    thread = ""
+    frames: list[str] = []
+    in_stack = False
+
+    def at(h: int, m: int, s: int, fraction: str) -> float:
+        day = start.date()
+        moment = dt.datetime(day.year, day.month, day.day, h, m, s, tzinfo=dt.timezone.utc)
+        if moment.time() < start.replace(microsecond=0).time():
+            moment += dt.timedelta(days=1)
+        return moment.timestamp() * 1000 + float("0." + fraction) * 1000
+
+    for line in lines:
+        if _EVENT.match(line):
+            if time is not None:
+                yield Sample(time, thread, tuple(frames))
+            time, thread, frames, in_stack = None, "", [], False
+        elif (m := _TIME.search(line)) is not None and time is None:
+            time = at(int(m[1]), int(m[2]), int(m[3]), m[4])
+        elif (m := _THREAD.search(line)) is not None and not thread:
+            thread = m[1]
+        elif "stackTrace = [" in line:
+            in_stack = True
+        elif (in_stack and line.strip() in ("]", "...")) or line.startswith("}"):
+            in_stack = False
+        elif in_stack and (m := _FRAME.match(line)) is not None:
+            frames.append(m[1].lstrip("."))
+    if time is not None:
+        yield Sample(time, thread, tuple(frames))
+
+
+def by_batch(
+    samples: Iterable[Sample], batches: Sequence[dict[str, Any]], interval_ms: float
+) -> dict[int, Counter[str]]:
+    """CPU ms per category for each batch, from the samples inside its start and end."""
+    windows = sorted((b["start_epoch_ms"], b["end_epoch_ms"], b["batch"]) for b in batches)
+    out: dict[int, Counter[str]] = {b["batch"]: Counter() for b in batches}
+    for s in samples:
+        for start, end, batch in windows:
+            if start <= s.epoch_ms <= end:
+                out[batch][categorize(s)] += interval_ms
+                break
+    return out
+
+
+def summary_rows(
+    batches: Sequence[dict[str, Any]], cpu: dict[int, Counter[str]], steady_from: int = 2
+) -> list[tuple[str, dict[str, float], float]]:
+    """Mean trigger ms and mean CPU ms per category over the steady batches, their slowest
+    quarter (at least one) and the rest: (label, means by category, mean trigger)."""
+    steady = [b for b in batches if b["batch"] >= steady_from]
+    if not steady:
+        return []
+    ranked = sorted(steady, key=lambda b: b["trigger_ms"], reverse=True)
+    slow = ranked[: max(1, len(ranked) // 4)]
+    rest = ranked[len(slow) :]
+
+    def mean(group: Sequence[dict[str, Any]]) -> tuple[dict[str, float], float]:
+        n = len(group)
+        cats = {c: sum(cpu[b["batch"]][c] for b in group) / n for c in CATEGORIES}
+        return cats, sum(b["trigger_ms"] for b in group) / n
+
+    rows = [(f"steady batches ({len(steady)})", *mean(steady))]
+    rows.append((f"slowest quarter ({len(slow)})", *mean(slow)))
+    if rest:
+        rows.append((f"the others ({len(rest)})", *mean(rest)))
+    return rows
+
+
+def print_table(batches: Sequence[dict[str, Any]], cpu: dict[int, Counter[str]]) -> None:
+    head = f"{'batch':>5} {'trigger':>8} " + " ".join(f"{c:>{max(7, len(c))}}" for c in CATEGORIES)
+    print("CPU ms in each batch, by where it went (all threads of the worker's JVM)")
+    print(head)
+    for b in batches:
+        cells = " ".join(f"{cpu[b['batch']][c]:>{max(7, len(c))}.0f}" for c in CATEGORIES)
+        print(f"{b['batch']:>5} {b['trigger_ms']:>8.0f} {cells}")
+    print()
+    for label, cats, trigger in summary_rows(batches, cpu):
+        cells = " ".join(f"{cats[c]:>{max(7, len(c))}.0f}" for c in CATEGORIES)
+        print(f"{label:<26} mean trigger {trigger:6.0f} ms; mean CPU ms: {cells}")
+
+
+def fetch_profiler(cache: Path = CACHE) -> Path:
+    """async-profiler's agent library, fetched and unpacked once into ``cache``."""
+    lib = cache / f"async-profiler-{PROFILER_VERSION}" / "libasyncProfiler.so"
+    if lib.is_file():
+        return lib
+    repository = (maven_mirror() or MAVEN_CENTRAL).rstrip("/")
+    url = f"{repository}/{PROFILER_PATH}"
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    jar = lib.parent / "async-profiler.jar"
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response, jar.open("wb") as out:
+            shutil.copyfileobj(response, out)
+        with zipfile.ZipFile(jar) as z:
+            member = next((n for n in z.namelist() if n.endswith("/libasyncProfiler.so")), None)
+            if member is None:
+                raise SystemExit(f"{url} holds no libasyncProfiler.so")
+            lib.write_bytes(z.read(member))
+    except OSError as e:
+        raise SystemExit(f"could not fetch async-profiler from {url}: {e}") from e
+    finally:
+        jar.unlink(missing_ok=True)
+    return lib
+
+
+def agent_option(lib: Path, out_dir: Path, interval_ms: int = INTERVAL_MS) -> str:
+    """The ``--java-option`` that records every thread's CPU samples of a worker JVM."""
+    target = out_dir / "worker-%p.jfr"
+    return f"-agentpath:{lib}=start,event=cpu,interval={interval_ms}ms,threads,file={target}"
+
+
+def recording_start(recording: Path, jfr: str) -> dt.datetime:
+    """The recording's start in UTC, from ``jfr summary``."""
+    text = subprocess.run(
+        [jfr, "summary", str(recording)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "TZ": "UTC"},
+    ).stdout
+    m = re.search(r"Start: (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)", text)
+    if m is None:
+        raise SystemExit(f"jfr summary of {recording} names no start time")
+    return dt.datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.timezone.utc)
+
+
+def run_batches(report: Path, run: str) -> list[dict[str, Any]]:
+    """The per-batch records of run ``run`` (a provider, or ``provider@K`` in W5) of a report."""
+    runs = json.loads(report.read_text()).get("runs", {})
+    if run not in runs or "batches" not in runs[run]:
+        raise SystemExit(
+            f"{report} has no run '{run}' with batches; it has: {', '.join(sorted(runs)) or 'none'}"
+        )
+    return runs[run]["batches"]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    agent = sub.add_parser(
+        "agent", help="fetch async-profiler and print the JVM option that records a worker"
+    )
+    agent.add_argument(
+        "--out", required=True, help="folder for the recordings (one per worker JVM)"
+    )
+    rep = sub.add_parser("report", help="cut a recording at a report's batches")
+    rep.add_argument(
+        "--recording", required=True, help="an async-profiler .jfr recording of one worker"
+    )
+    rep.add_argument("--report", required=True, help="the W1 or W5 JSON report of the same run")
+    rep.add_argument(
+        "--run", required=True, help="the run in the report: a provider, or provider@K for W5"
+    )
+    rep.add_argument(
+        "--interval-ms", type=float, default=INTERVAL_MS, help="the recording's sampling interval"
+    )
+    args = parser.parse_args(argv)
+
+    if args.command == "agent":
+        out = Path(args.out).resolve()
+        out.mkdir(parents=True, exist_ok=True)
+        print(f"--java-option={agent_option(fetch_profiler(), out)}")
+        return
+    jfr = shutil.which("jfr") or (Path(os.environ.get("JAVA_HOME", "")) / "bin" / "jfr").as_posix()
+    if not Path(jfr).is_file():
+        raise SystemExit("the JDK's jfr tool is not on PATH or in JAVA_HOME/bin")
+    recording = Path(args.recording)
+    if not recording.is_file():
+        raise SystemExit(f"no recording at {recording}")
+    batches = run_batches(Path(args.report), args.run)
+    start = recording_start(recording, jfr)
+    printed = subprocess.Popen(
+        [jfr, "print", "--events", "jdk.ExecutionSample", "--stack-depth", "128", str(recording)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TZ": "UTC"},
+    )
+    assert printed.stdout is not None
+    cpu = by_batch(parse_samples(printed.stdout, start), batches, args.interval_ms)
+    if printed.wait() != 0:
+        raise SystemExit(f"jfr print failed on {recording}")
+    if not any(sum(c.values()) for c in cpu.values()):
+        sys.exit(
+            f"no sample of {recording} falls inside a batch of run '{args.run}': another worker's recording?"
+        )
+    print_table(batches, cpu)
+
+
+if __name__ == "__main__":
+    main()

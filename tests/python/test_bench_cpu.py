@@ -1,0 +1,183 @@
+"""``bench/cpu_by_batch.py``: CPU samples read from ``jfr print`` output, sorted into categories
+and cut at a report's batches. Hand-written recordings and runs: no JVM, exact figures."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+import cpu_by_batch as cpu  # bench/ is a folder of scripts, put on the path above
+
+START = dt.datetime(2026, 11, 25, 23, 59, 58, tzinfo=dt.timezone.utc)
+
+# What `jfr print --events jdk.ExecutionSample` writes for an async-profiler recording, cut down:
+# a task thread in heapstate's commit, the kernel zeroing a page under a task thread, a compiler
+# thread, and a sample after midnight (the output gives the time of day only).
+PRINTED = """\
+jdk.ExecutionSample {
+  startTime = 23:59:59.250
+  sampledThread = "Executor task launch worker for task 1.0 in stage 3.0 (TID 13)" (javaThreadId = 85)
+  state = "STATE_RUNNABLE"
+  stackTrace = [
+    heapstate.engine.EntryTable.find(Array[Array[Byte]], Array[Int], Object, long, int, int) line: 70
+    heapstate.engine.LiveState.prepareCommit(ChangeSet) line: 247
+    heapstate.HeapStateStoreProvider$HeapStore.commit() line: 322
+    org.apache.spark.executor.Executor$TaskRunner.run() line: 620
+  ]
+}
+
+jdk.ExecutionSample {
+  startTime = 23:59:59.500
+  sampledThread = "Executor task launch worker for task 2.0 in stage 3.0 (TID 14)" (javaThreadId = 86)
+  state = "STATE_RUNNABLE"
+  stackTrace = [
+    .clear_page_erms(k) line: 0
+    .exc_page_fault(k) line: 0
+    org.apache.spark.sql.catalyst.expressions.UnsafeRow.copy() line: 480
+    ...
+  ]
+}
+
+jdk.ExecutionSample {
+  startTime = 00:00:00.750
+  sampledThread = "C2 CompilerThread0" (javaThreadId = 12)
+  state = "STATE_DEFAULT"
+  stackTrace = [
+    libjvm.so.PhaseIdealLoop::build_loop_tree() line: 0
+  ]
+}
+"""
+
+
+def test_samples_are_read_with_their_time_thread_and_frames() -> None:
+    samples = list(cpu.parse_samples(PRINTED.splitlines(keepends=True), START))
+    day = START.timestamp() * 1000
+    assert [s.epoch_ms for s in samples] == [day + 1250, day + 1500, day + 2750]
+    assert [s.thread for s in samples] == [
+        "Executor task launch worker for task 1.0 in stage 3.0 (TID 13)",
+        "Executor task launch worker for task 2.0 in stage 3.0 (TID 14)",
+        "C2 CompilerThread0",
+    ]
+    assert samples[0].frames[0].startswith("heapstate.engine.EntryTable.find(")
+    assert len(samples[0].frames) == 4
+    assert samples[1].frames == (
+        "clear_page_erms(k)",
+        "exc_page_fault(k)",
+        "org.apache.spark.sql.catalyst.expressions.UnsafeRow.copy()",
+    )
+    assert samples[2].frames == ("libjvm.so.PhaseIdealLoop::build_loop_tree()",)
+    assert [cpu.categorize(s) for s in samples] == ["store commit", "page zeroing", "jit"]
+
+
+@pytest.mark.parametrize(
+    ("thread", "frames", "category"),
+    [
+        (
+            "Executor task launch worker for task 3",
+            ["org.apache.spark.sql.execution.SparkPlan.execute()"],
+            "spark task",
+        ),
+        (
+            "Executor task launch worker for task 3",
+            ["heapstate.engine.LiveState.get(Object)"],
+            "store",
+        ),
+        (
+            "Executor task launch worker for task 3",
+            [
+                "java.util.HashMap.get(Object)",
+                "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider$HDFSBackedStateStore.commit()",
+            ],
+            "store commit",
+        ),
+        (
+            "Executor task launch worker for task 3",
+            ["org.rocksdb.RocksDB.put(long, byte[])"],
+            "store",
+        ),
+        (
+            "Executor task idle worker#2",
+            ["clear_page_rep(k)", "java.lang.Object.<init>()"],
+            "page zeroing",
+        ),
+        (
+            "stream execution thread for [id = 1]",
+            ["org.apache.spark.sql.catalyst.trees.TreeNode.transform()"],
+            "driver",
+        ),
+        ("GC Thread#1", ["libjvm.so.G1ParScanThreadState::trim_queue()"], "gc"),
+        ("G1 Conc#0", ["libjvm.so.G1CMTask::do_marking_step()"], "gc"),
+        ("heapstate-snapshot", ["heapstate.io.SnapshotFileWriter.finish()"], "store background"),
+        (
+            "state-store-maintenance-thread-0",
+            ["org.rocksdb.RocksDB.compactRange()"],
+            "store background",
+        ),
+        ("dispatcher-event-loop-1", ["org.apache.spark.rpc.netty.Inbox.process()"], "other"),
+    ],
+)
+def test_every_sample_has_one_category(thread: str, frames: list[str], category: str) -> None:
+    assert cpu.categorize(cpu.Sample(0.0, thread, tuple(frames))) == category
+
+
+def test_samples_are_cut_at_the_batches_and_summed() -> None:
+    def sample(ms: float, thread: str, frame: str) -> cpu.Sample:
+        return cpu.Sample(ms, thread, (frame,))
+
+    task = "Executor task launch worker for task 1"
+    samples = [
+        sample(999, task, "x.Y.z()"),  # before batch 0: not counted
+        sample(1000, task, "x.Y.z()"),
+        sample(1500, "C1 CompilerThread0", "libjvm.so.Compile()"),
+        sample(2000, task, "clear_page_erms(k)"),  # at the boundary: the earlier batch's
+        sample(2500, "GC Thread#0", "libjvm.so.G1()"),
+        sample(3500, task, "heapstate.A.commit()"),
+        sample(3600, task, "heapstate.A.commit()"),
+        sample(3700, "stream execution thread for q", "x.Y.z()"),
+    ]
+    batches = [
+        {"batch": 0, "start_epoch_ms": 1000, "end_epoch_ms": 2000, "trigger_ms": 1000},
+        {"batch": 1, "start_epoch_ms": 2000, "end_epoch_ms": 3000, "trigger_ms": 1000},
+        {"batch": 2, "start_epoch_ms": 3000, "end_epoch_ms": 4000, "trigger_ms": 900},
+        {"batch": 3, "start_epoch_ms": 4000, "end_epoch_ms": 5000, "trigger_ms": 300},
+    ]
+    got = cpu.by_batch(samples, batches, interval_ms=2)
+    assert dict(got[0]) == {"spark task": 2, "jit": 2, "page zeroing": 2}
+    assert dict(got[1]) == {"gc": 2}
+    assert dict(got[2]) == {"store commit": 4, "driver": 2}
+    assert dict(got[3]) == {}
+
+    rows = cpu.summary_rows(batches, got)
+    assert [r[0] for r in rows] == ["steady batches (2)", "slowest quarter (1)", "the others (1)"]
+    steady, slow, rest = rows
+    assert steady[2] == 600 and slow[2] == 900 and rest[2] == 300
+    assert steady[1]["store commit"] == 2 and steady[1]["driver"] == 1
+    assert slow[1]["store commit"] == 4 and rest[1]["store commit"] == 0
+    assert sum(slow[1].values()) == 6 and sum(rest[1].values()) == 0
+
+
+def test_the_agent_option_records_every_thread_in_one_file_per_jvm(tmp_path: Path) -> None:
+    lib = tmp_path / "libasyncProfiler.so"
+    assert cpu.agent_option(lib, tmp_path / "out") == (
+        f"-agentpath:{lib}=start,event=cpu,interval=2ms,threads,file={tmp_path / 'out' / 'worker-%p.jfr'}"
+    )
+
+
+def test_a_run_missing_from_the_report_is_named_with_the_ones_it_has(tmp_path: Path) -> None:
+    report = tmp_path / "w5.json"
+    report.write_text(
+        json.dumps(
+            {"runs": {"heapstate@1000000": {"batches": []}, "hdfs@1000000": {"batches": []}}}
+        )
+    )
+    with pytest.raises(SystemExit, match=r"no run 'heapstate'.*hdfs@1000000, heapstate@1000000"):
+        cpu.run_batches(report, "heapstate")
+    assert cpu.run_batches(report, "hdfs@1000000") == []

@@ -251,14 +251,21 @@ def recording_start(recording: Path, jfr: str) -> dt.datetime:
     return dt.datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.timezone.utc)
 
 
-def run_batches(report: Path, run: str) -> list[dict[str, Any]]:
-    """The per-batch records of run ``run`` (a provider, or ``provider@K`` in W5) of a report."""
+def run_batches(report: Path, run: str, restarts: bool = False) -> list[dict[str, Any]]:
+    """The per-batch records of run ``run`` (a provider, or ``provider@K`` in W5) of a report;
+    with ``restarts``, its fresh-process restart batches instead (W1), each recorded by the JVM
+    that restarted."""
     runs = json.loads(report.read_text()).get("runs", {})
     if run not in runs or "batches" not in runs[run]:
         raise SystemExit(
             f"{report} has no run '{run}' with batches; it has: {', '.join(sorted(runs)) or 'none'}"
         )
-    return runs[run]["batches"]
+    if not restarts:
+        return runs[run]["batches"]
+    found = [r for r in runs[run].get("restarts") or [] if "start_epoch_ms" in r]
+    if not found:
+        raise SystemExit(f"run '{run}' of {report} has no fresh-process restart")
+    return found
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -281,6 +288,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     rep.add_argument(
         "--interval-ms", type=float, default=INTERVAL_MS, help="the recording's sampling interval"
     )
+    rep.add_argument(
+        "--restarts",
+        action="store_true",
+        help="cut at the run's fresh-process restart batches (W1) instead",
+    )
     args = parser.parse_args(argv)
 
     if args.command == "agent":
@@ -294,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     recording = Path(args.recording)
     if not recording.is_file():
         raise SystemExit(f"no recording at {recording}")
-    batches = run_batches(Path(args.report), args.run)
+    batches = run_batches(Path(args.report), args.run, args.restarts)
     start = recording_start(recording, jfr)
     printed = subprocess.Popen(
         [jfr, "print", "--events", "jdk.ExecutionSample", "--stack-depth", "128", str(recording)],

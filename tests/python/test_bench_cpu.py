@@ -181,3 +181,15 @@ def test_a_run_missing_from_the_report_is_named_with_the_ones_it_has(tmp_path: P
     with pytest.raises(SystemExit, match=r"no run 'heapstate'.*hdfs@1000000, heapstate@1000000"):
         cpu.run_batches(report, "heapstate")
     assert cpu.run_batches(report, "hdfs@1000000") == []
+    with pytest.raises(SystemExit, match=r"run 'hdfs@1000000' of .* has no fresh-process restart"):
+        cpu.run_batches(report, "hdfs@1000000", restarts=True)
+
+
+def test_restart_batches_are_the_runs_fresh_process_restarts(tmp_path: Path) -> None:
+    restart = {"batch": 30, "start_epoch_ms": 5000, "end_epoch_ms": 6000, "trigger_ms": 1000}
+    report = tmp_path / "w1.json"
+    report.write_text(
+        json.dumps({"runs": {"heapstate": {"batches": [{"batch": 0}], "restarts": [restart]}}})
+    )
+    assert cpu.run_batches(report, "heapstate", restarts=True) == [restart]
+    assert cpu.run_batches(report, "heapstate") == [{"batch": 0}]

@@ -152,6 +152,7 @@ def growth(summary: dict[int, dict[str, Any]]) -> dict[str, Any]:
         "commit_ratio": _growth(low, high, "commit_ms_median"),
         "commit_store_ratio": _growth(low, high, "commit_store_ms_median"),
         "commit_report_ratio": _growth(low, high, "commit_report_ms_median"),
+        "commit_store_cpu_ratio": _growth(low, high, "commit_store_cpu_ms_median"),
         "memory_per_key_ratio": _growth(low, high, "memory_used_bytes_per_key"),
         "heap_per_key_ratio": _growth(low, high, "heap_retained_per_key"),
     }
@@ -253,6 +254,7 @@ def print_report(
             "median trigger",
             "median commit",
             "  in the store",
+            "  its CPU",
             "  in the report",
             "memory per key",
             "heap per key",
@@ -270,6 +272,7 @@ def print_report(
                 r("trigger_ratio"),
                 r("commit_ratio"),
                 r("commit_store_ratio"),
+                r("commit_store_cpu_ratio"),
                 r("commit_report_ratio"),
                 r("memory_per_key_ratio"),
                 r("heap_per_key_ratio"),

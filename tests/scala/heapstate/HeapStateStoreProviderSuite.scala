@@ -325,6 +325,10 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     val (stored, reported) =
       (m.customMetrics(HeapStateStoreProvider.CommitStoreTime), m.customMetrics(HeapStateStoreProvider.CommitReportTime))
     assert(stored > 0 && reported >= 0 && stored + reported <= wallMicros, (stored, reported, wallMicros))
+    // Of the store's part, the time its thread ran: some, and no more than the part's wall time
+    // (the two clocks differ in granularity, by well under a millisecond).
+    val cpu = m.customMetrics(HeapStateStoreProvider.CommitStoreCpuTime)
+    assert(cpu > 0 && cpu <= stored + 1000, (cpu, stored))
     assert(m.numKeys == 1000)
     // 1000 keys of 16 + 16 bytes of row data; the estimate includes per-entry overhead.
     assert(m.memoryUsedBytes >= 1000L * 32 && m.memoryUsedBytes <= 1000L * 200, m.memoryUsedBytes)

@@ -258,8 +258,11 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
     private val changes = new ChangeSet(live)
     private var phase: Phase = Updating
     private var committed: CommitResult = _
-    /** Microseconds [[commit]] spent in the engine, and then reporting to Spark's coordinator. */
-    private var storeMicros, reportMicros = 0L
+    /**
+     * Microseconds [[commit]] spent in the engine, and then reporting to Spark's coordinator; and
+     * the CPU time its thread used in the engine (the wall time less any wait for a core or a disk).
+     */
+    private var storeMicros, reportMicros, storeCpuMicros = 0L
 
     override def id: StateStoreId = storeId
 
@@ -320,8 +323,10 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       requireWritable("commit")
       val newId = if (checkpointIds) Some(java.util.UUID.randomUUID().toString) else None
       val started = System.nanoTime()
+      val cpuStarted = threadCpuNanos()
       committed = engine.commit(version, changes, uniqueId, newId)
       val stored = System.nanoTime()
+      storeCpuMicros = (threadCpuNanos() - cpuStarted) / 1000
       phase = Committed
       changes.release() // the live state and the undo log hold what they need of it
       if (storeConf.commitValidationEnabled) {
@@ -356,6 +361,7 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
           LoadTime -> engine.loadMsOf(version),
           CommitStoreTime -> storeMicros,
           CommitReportTime -> reportMicros,
+          CommitStoreCpuTime -> storeCpuMicros,
           BucketsPending -> engine.bucketsPending))
     }
 
@@ -444,8 +450,24 @@ object HeapStateStoreProvider {
   val CommitReportTime: StateStoreCustomMetric =
     StateStoreCustomSumMetric("heapstateCommitReportMicros", "heapstate: microseconds its commits waited for Spark's report to the state store coordinator, summed over partitions")
 
-  val CustomMetrics: Seq[StateStoreCustomMetric] =
-    Seq(JournalBytes, KeysWritten, UpdatesSquashed, SnapshotLag, LoadTime, BucketsPending, CommitStoreTime, CommitReportTime)
+  /**
+   * The CPU time of the store's part of the commit ([[CommitStoreTime]]), from the JVM's per-thread
+   * CPU clock: the work itself, without the time the task thread waited for a core (shared with
+   * the JIT compiler, GC, other tasks, snapshots) or for the disk. Zero where the JVM has no such
+   * clock.
+   */
+  val CommitStoreCpuTime: StateStoreCustomMetric =
+    StateStoreCustomSumMetric("heapstateCommitStoreCpuMicros", "heapstate: CPU microseconds its commits used in the store (its part of heapstateCommitStoreMicros spent running), summed over partitions")
+
+  val CustomMetrics: Seq[StateStoreCustomMetric] = Seq(
+    JournalBytes, KeysWritten, UpdatesSquashed, SnapshotLag, LoadTime, BucketsPending, CommitStoreTime, CommitReportTime,
+    CommitStoreCpuTime)
+
+  private val threadClock = java.lang.management.ManagementFactory.getThreadMXBean
+  private val hasThreadClock = threadClock.isCurrentThreadCpuTimeSupported && threadClock.isThreadCpuTimeEnabled
+
+  /** The current thread's CPU time in nanoseconds, or 0 without a per-thread CPU clock. */
+  private def threadCpuNanos(): Long = if (hasThreadClock) threadClock.getCurrentThreadCpuTime else 0L
 
   /** Extracts the prefix key's bytes from a key's bytes (a projection per thread: they keep buffers). */
   private def prefixExtractor(keySchema: StructType, numColsPrefixKey: Int): Array[Byte] => Key = {

@@ -237,7 +237,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     val fromEmpty = pending == null && table.size == 0
     if (fromEmpty) {
       val added = values.count(v => !Tombstone.is(v)).toLong
-      new PreparedCommit(version + 1, keys, values, null, null, 0, UndoEntry.FromEmpty, 0L, added)
+      new PreparedCommit(version + 1, keys, values, null, null, null, 0, UndoEntry.FromEmpty, 0L, added)
     } else {
       // A whole table does not change while it is looked up, so the slot each key was found in
       // still holds it when the commit applies (unless a resize moves it; see applyCommit). A
@@ -245,6 +245,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
       val whole = pending == null
       val slots = if (whole) new Array[Int](n) else null
       val priors = new Array[Array[Byte]](n)
+      val priorBytes = new Array[Long](n)
       val stamp = table.stamp
       val entry = UndoEntry.forKeys(n)
       var entryBytes = entry.tableBytes
@@ -259,11 +260,11 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
         } else get(key)
         priors(i) = prior
         entry.record(prior, values(i), key.hashCode)
-        if (prior != null) entryBytes += MemoryModel.liveEntry(prior)
+        if (prior != null) { priorBytes(i) = MemoryModel.liveEntry(prior); entryBytes += priorBytes(i) }
         delta += ChangeSet.keyDelta(prior != null, values(i))
         i += 1
       }
-      new PreparedCommit(version + 1, keys, values, slots, priors, stamp, entry, entryBytes, delta)
+      new PreparedCommit(version + 1, keys, values, slots, priors, priorBytes, stamp, entry, entryBytes, delta)
     }
   }
 
@@ -297,7 +298,9 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
       else {
         val prior = if (slots != null && slots(i) >= 0) prepared.priors(i) else null
         if (prior != null && table.replaceAt(slots(i), prepared.stamp, prior, changed)) {
-          replacedBytes += MemoryModel.liveEntry(changed) - MemoryModel.liveEntry(prior)
+          // The prior's size was read when it was looked up: by now its array is likely out of
+          // the cache (the journal was written in between), and at millions of keys a read is a miss.
+          replacedBytes += MemoryModel.liveEntry(changed) - prepared.priorBytes(i)
         } else store(changed, key.hashCode)
       }
       i += 1
@@ -463,6 +466,8 @@ final class PreparedCommit private[engine] (
     private[engine] val slots: Array[Int],
     /** For each key, the entry the look-up found (null: none, or not looked up yet). */
     private[engine] val priors: Array[Array[Byte]],
+    /** For each key, [[MemoryModel.liveEntry]] of its prior, or 0; null where `priors` is. */
+    private[engine] val priorBytes: Array[Long],
     /** The table's [[EntryTable.stamp]] when the slots were found. */
     private[engine] val stamp: Int,
     private[engine] val undoEntry: UndoEntry,

@@ -485,7 +485,7 @@ object StateFileReader {
 
   /**
    * The reason for the `InternalError` the JVM throws when a read of a mapped snapshot faults:
-   * the file was cut short after it was mapped (no other read here throws one).
+   * the file was cut short after it was mapped.
    */
   private[io] def mappedUnreadable(e: InternalError): String =
     s"its mapped bytes cannot be read: the file changed after it was opened (${e.getMessage})"
@@ -495,7 +495,6 @@ object StateFileReader {
     try body
     catch {
       case e: StateFileException => throw e
-      case e: InternalError => throw bad(path, version, mappedUnreadable(e), e)
       case e: EOFException => throw bad(path, version, "it is truncated", e)
       case NonFatal(e) => throw bad(path, version, s"it is damaged (${e.getClass.getSimpleName}: ${e.getMessage})", e)
     }
@@ -615,6 +614,17 @@ object StateFileReader {
 
   /** Reads a format-2 snapshot's body (after its header) and trailer, checks them and its index. */
   private def readBuckets(
+      in: InputStream,
+      data: DataInputStream,
+      fileLength: Long,
+      header: Header,
+      path: Path,
+      version: Long,
+      local: Option[java.io.File]): SnapshotBuckets =
+    try checkBuckets(in, data, fileLength, header, path, version, local)
+    catch { case e: InternalError if local.isDefined => throw bad(path, version, mappedUnreadable(e), e) }
+
+  private def checkBuckets(
       in: InputStream,
       data: DataInputStream,
       fileLength: Long,
@@ -762,10 +772,10 @@ private[io] object ChunkedBytes {
 /**
  * A checked format-2 snapshot held in memory as stored (compressed: on the heap, or mapped from
  * the local file), read one bucket at a time: what lets a restart decompress only the buckets of
- * the keys a batch touches. The body, its
- * checksum, trailer and index were checked when it was opened; [[read]] checks each bucket's
- * records as it decodes them. Use it from one thread at a time; [[close]] frees the codec's native
- * state (which is also freed if the instance is dropped unclosed).
+ * the keys a batch touches. The body, its checksum, trailer and index were checked when it was
+ * opened; [[read]] checks each bucket's records as it decodes them. Use it from one thread at a
+ * time; [[close]] frees the codec's native state (which is also freed if the instance is dropped
+ * unclosed).
  */
 final class SnapshotBuckets private[io] (
     val path: Path,
@@ -842,7 +852,7 @@ final class SnapshotBuckets private[io] (
    */
   private def scan(b: Int)(visit: (Array[Byte], Int, Int, Int) => Boolean): Int =
     try scanBucket(b, visit)
-    catch { case e: InternalError => throw bad(b, StateFileReader.mappedUnreadable(e), e) }
+    catch { case e: InternalError if body.isMapped => throw bad(b, StateFileReader.mappedUnreadable(e), e) }
 
   private def scanBucket(b: Int, visit: (Array[Byte], Int, Int, Int) => Boolean): Int = {
     val stored = index(3 * b)

@@ -620,68 +620,63 @@ object StateFileReader {
       header: Header,
       path: Path,
       version: Long,
-      local: Option[java.io.File]): SnapshotBuckets =
-    try checkBuckets(in, data, fileLength, header, path, version, local)
-    catch { case e: InternalError if local.isDefined => throw bad(path, version, mappedUnreadable(e), e) }
-
-  private def checkBuckets(
-      in: InputStream,
-      data: DataInputStream,
-      fileLength: Long,
-      header: Header,
-      path: Path,
-      version: Long,
       local: Option[java.io.File]): SnapshotBuckets = {
-    val bodyLength = fileLength - HeaderBytes - TrailerBytes
-    val body = local match {
-      case Some(file) =>
-        val channel = java.nio.channels.FileChannel.open(file.toPath)
-        try {
-          val size = channel.size()
-          if (size != fileLength) throw bad(path, version, s"it changed while being read ($size bytes, listed with $fileLength)")
-          val (mapped, crc) = ChunkedBytes.map(channel, HeaderBytes, bodyLength)
-          val trailer = ByteBuffer.allocate(TrailerBytes)
-          while (trailer.hasRemaining && channel.read(trailer, HeaderBytes + bodyLength + trailer.position()) >= 0) {}
-          if (trailer.hasRemaining) throw new EOFException(s"the trailer ended after ${trailer.position()} bytes")
-          checkTrailer(trailer.flip(), bodyLength, crc, path, version)
-          mapped
-        } finally channel.close() // the mappings outlive the channel
-      case None =>
-        val checked = new ChecksummedInput(in, bodyLength)
-        val read = ChunkedBytes.read(checked, bodyLength)
-        checkTrailer(data, bodyLength, checked.crc.getValue.toInt, path, version)
-        read
-    }
-    def broken(reason: String) = bad(path, version, s"its snapshot index is damaged: $reason")
-    if (bodyLength < FooterBytes) throw broken(s"a body of $bodyLength bytes has no room for it")
-    val keyCount = body.getLong(bodyLength - FooterBytes)
-    val bits = body.getInt(bodyLength - 8)
-    if (body.getInt(bodyLength - 4) != IndexMagic) throw broken("no index magic")
-    if (bits < 0 || bits > MaxBucketBits) throw broken(s"$bits bucket bits")
-    val buckets = 1 << bits
-    val indexStart = bodyLength - FooterBytes - IndexEntryBytes.toLong * buckets
-    if (indexStart < 0) throw broken(s"$buckets buckets do not fit in a body of $bodyLength bytes")
-    val index = new Array[Int](3 * buckets)
-    val offsets = new Array[Long](buckets)
-    var at = 0L
-    var keys = 0L
-    var b = 0
-    while (b < buckets) {
-      val stored = body.getInt(indexStart + IndexEntryBytes.toLong * b)
-      val rawLength = body.getInt(indexStart + IndexEntryBytes.toLong * b + 4)
-      val records = body.getInt(indexStart + IndexEntryBytes.toLong * b + 8)
-      if (stored < 0 || rawLength < 0 || records < 0 || (records == 0) != (rawLength == 0) || (rawLength == 0) != (stored == 0)) {
-        throw broken(s"bucket $b has stored length $stored, raw length $rawLength and $records records")
+    // A read of a mapping faults (an InternalError from the JVM) when the file was cut short
+    // after it was mapped; nothing else here throws one.
+    def check(): SnapshotBuckets = {
+      val bodyLength = fileLength - HeaderBytes - TrailerBytes
+      val body = local match {
+        case Some(file) =>
+          val channel = java.nio.channels.FileChannel.open(file.toPath)
+          try {
+            val size = channel.size()
+            if (size != fileLength) throw bad(path, version, s"it changed while being read ($size bytes, listed with $fileLength)")
+            val (mapped, crc) = ChunkedBytes.map(channel, HeaderBytes, bodyLength)
+            val trailer = ByteBuffer.allocate(TrailerBytes)
+            while (trailer.hasRemaining && channel.read(trailer, HeaderBytes + bodyLength + trailer.position()) >= 0) {}
+            if (trailer.hasRemaining) throw new EOFException(s"the trailer ended after ${trailer.position()} bytes")
+            checkTrailer(trailer.flip(), bodyLength, crc, path, version)
+            mapped
+          } finally channel.close() // the mappings outlive the channel
+        case None =>
+          val checked = new ChecksummedInput(in, bodyLength)
+          val read = ChunkedBytes.read(checked, bodyLength)
+          checkTrailer(data, bodyLength, checked.crc.getValue.toInt, path, version)
+          read
       }
-      offsets(b) = at
-      index(3 * b) = stored; index(3 * b + 1) = rawLength; index(3 * b + 2) = records
-      at += stored
-      keys += records
-      b += 1
+      def broken(reason: String) = bad(path, version, s"its snapshot index is damaged: $reason")
+      if (bodyLength < FooterBytes) throw broken(s"a body of $bodyLength bytes has no room for it")
+      val keyCount = body.getLong(bodyLength - FooterBytes)
+      val bits = body.getInt(bodyLength - 8)
+      if (body.getInt(bodyLength - 4) != IndexMagic) throw broken("no index magic")
+      if (bits < 0 || bits > MaxBucketBits) throw broken(s"$bits bucket bits")
+      val buckets = 1 << bits
+      val indexStart = bodyLength - FooterBytes - IndexEntryBytes.toLong * buckets
+      if (indexStart < 0) throw broken(s"$buckets buckets do not fit in a body of $bodyLength bytes")
+      val index = new Array[Int](3 * buckets)
+      val offsets = new Array[Long](buckets)
+      var at = 0L
+      var keys = 0L
+      var b = 0
+      while (b < buckets) {
+        val stored = body.getInt(indexStart + IndexEntryBytes.toLong * b)
+        val rawLength = body.getInt(indexStart + IndexEntryBytes.toLong * b + 4)
+        val records = body.getInt(indexStart + IndexEntryBytes.toLong * b + 8)
+        if (stored < 0 || rawLength < 0 || records < 0 || (records == 0) != (rawLength == 0) || (rawLength == 0) != (stored == 0)) {
+          throw broken(s"bucket $b has stored length $stored, raw length $rawLength and $records records")
+        }
+        offsets(b) = at
+        index(3 * b) = stored; index(3 * b + 1) = rawLength; index(3 * b + 2) = records
+        at += stored
+        keys += records
+        b += 1
+      }
+      if (at != indexStart) throw broken(s"its buckets add up to $at bytes, but they take $indexStart")
+      if (keys != keyCount) throw broken(s"its buckets hold $keys records, but it says $keyCount keys")
+      new SnapshotBuckets(path, version, header, body, bits, index, offsets, keyCount)
     }
-    if (at != indexStart) throw broken(s"its buckets add up to $at bytes, but they take $indexStart")
-    if (keys != keyCount) throw broken(s"its buckets hold $keys records, but it says $keyCount keys")
-    new SnapshotBuckets(path, version, header, body, bits, index, offsets, keyCount)
+    try check()
+    catch { case e: InternalError if local.isDefined => throw bad(path, version, mappedUnreadable(e), e) }
   }
 }
 

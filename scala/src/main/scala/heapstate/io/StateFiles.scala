@@ -17,10 +17,13 @@ import heapstate.io.StateFileNames.{Journal, Kind, Snapshot, StateFile}
  */
 final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int) {
   private val fm = CheckpointFileManager.create(dir, hadoopConf)
-  /** The cheaper manager for new local files; `fm` when there is none. See [[StateFiles.fastLocalManager]]. */
-  private val fastFm = StateFiles.fastLocalManager(dir, hadoopConf).getOrElse(fm)
-  /** The local disk holding `dir`, whose snapshots are mapped instead of read (see [[openSnapshot]]). */
+  /**
+   * The local disk holding `dir` (see [[StateFiles.localFileSystem]]): its new files are written
+   * through the cheaper manager, and its snapshots mapped instead of read (see [[openSnapshot]]).
+   */
   private val localFs = StateFiles.localFileSystem(dir, hadoopConf)
+  /** The cheaper manager for new local files; `fm` when there is none. See [[StateFiles.fastLocalManager]]. */
+  private val fastFm = localFs.map(StateFiles.fastLocalManager(dir, hadoopConf, _)).getOrElse(fm)
   @volatile private var dirReady = false
 
   /** Every heapstate file in the directory, by version then kind (journal before snapshot). */
@@ -133,10 +136,11 @@ object StateFiles {
    * temporary file and renames it, atomically on a local disk, and forks nothing (see
    * [[LocalFileManager]]); but when the target exists its rename fails and the old file silently
    * stays, so it may only create new files.
-   * Elsewhere (HDFS, object stores), and whenever the user names a manager, Spark's choice stands.
+   * Elsewhere (HDFS, object stores), and whenever the user names a manager, Spark's choice stands:
+   * this is for a `dir` on the local disk `raw`, as [[localFileSystem]] finds it.
    */
-  def fastLocalManager(dir: Path, hadoopConf: Configuration): Option[CheckpointFileManager] =
-    localFileSystem(dir, hadoopConf).map(raw => new LocalFileManager(dir, hadoopConf, raw))
+  def fastLocalManager(dir: Path, hadoopConf: Configuration, raw: org.apache.hadoop.fs.RawLocalFileSystem): CheckpointFileManager =
+    new LocalFileManager(dir, hadoopConf, raw)
 
   /** Hadoop's raw local file system holding `dir`, unless `dir` is elsewhere or the user names a manager. */
   def localFileSystem(dir: Path, hadoopConf: Configuration): Option[org.apache.hadoop.fs.RawLocalFileSystem] =

@@ -9,7 +9,7 @@ import org.scalatest.funsuite.AnyFunSuite
 
 import heapstate.engine.{ChangeSet, Entry, EntryTable, Key, LiveState}
 
-/** The live state's open-addressing table against a model, and under a concurrent iterator. */
+/** The live state's paged, open-addressing table against a model, and under a concurrent iterator. */
 class EntryTableSuite extends AnyFunSuite {
   private def keyBytes(k: Int): Array[Byte] = {
     // Keys of varying length, so key-length checks matter, not just the bytes.
@@ -22,13 +22,17 @@ class EntryTableSuite extends AnyFunSuite {
     Platform.putLong(value, Platform.BYTE_ARRAY_OFFSET, v)
     Entry(keyBytes(k), value)
   }
-  private def valueOf(e: Array[Byte]): Long = Platform.getLong(e, Platform.BYTE_ARRAY_OFFSET + Entry.valueStart(e))
+  private def valueOf(b: Array[Byte], at: Int): Long = Platform.getLong(b, Platform.BYTE_ARRAY_OFFSET + Entry.valueStart(b, at))
+  private def valueOf(e: Array[Byte]): Long = valueOf(e, 0)
+  private def keyOf(b: Array[Byte], at: Int): Int = Platform.getInt(b, Platform.BYTE_ARRAY_OFFSET + Entry.keyStart(at))
+  private def valueAt(t: EntryTable, address: Long): Long = valueOf(t.pageOf(address), t.offsetOf(address))
+  private def keyAt(t: EntryTable, address: Long): Int = keyOf(t.pageOf(address), t.offsetOf(address))
   private def contents(t: EntryTable): Map[Int, Long] = {
     val out = mutable.Map.empty[Int, Long]
-    t.foreach { e =>
-      val k = Platform.getInt(e, Platform.BYTE_ARRAY_OFFSET + Entry.keyStart)
+    t.foreach { (b, at) =>
+      val k = keyOf(b, at)
       assert(!out.contains(k), s"key $k twice")
-      out(k) = valueOf(e)
+      out(k) = valueOf(b, at)
     }
     out.toMap
   }
@@ -42,28 +46,78 @@ class EntryTableSuite extends AnyFunSuite {
       if (rnd.nextInt(3) == 0) {
         val kb = keyBytes(k)
         val removed = t.remove(kb, Platform.BYTE_ARRAY_OFFSET, kb.length, Key(kb).hashCode)
-        assert((removed != null) == model.contains(k))
+        assert(removed == model.get(k).map(v => entry(k, v).length).getOrElse(-1))
         model -= k
       } else {
         val v = rnd.nextLong()
         val e = entry(k, v)
         val old = t.put(e, Entry.keyHash(e))
-        assert((old != null) == model.contains(k))
-        if (old != null) assert(valueOf(old) == model(k))
+        assert(old == model.get(k).map(v => entry(k, v).length).getOrElse(-1)) // the replaced entry's length
         model += k -> v
       }
-      if (step % 20000 == 0) assert(contents(t) == model)
+      if (step % 97 == 0) t.compact() // as commits do: moves live entries out of the emptiest pages
+      if (step % 20000 == 0) { assert(contents(t) == model); t.checkAccounts() }
     }
     assert(t.size == model.size)
     assert(contents(t) == model)
+    t.checkAccounts()
+    assert(t.entryBytes == model.map { case (k, v) => entry(k, v).length.toLong }.sum)
     for (k <- 0 until 50000) {
       val kb = keyBytes(k)
-      val e = t.get(Key(kb))
-      assert(Option(e).map(valueOf) == model.get(k), s"key $k")
+      val a = t.find(Key(kb))
+      assert((if (a == EntryTable.NoEntry) None else Some(valueAt(t, a))) == model.get(k), s"key $k")
     }
-    assert(t.iterator.map(valueOf).toSeq.sorted == model.values.toSeq.sorted)
+    assert(t.iterator.map(valueAt(t, _)).toSeq.sorted == model.values.toSeq.sorted)
     // Churn on a small key set must not grow the table: removals' slots are reclaimed.
     assert(t.capacity <= EntryTable.capacityFor(50000) * 2, t.capacity)
+    assert(t.heapBytes == t.heapBytesRecounted)
+  }
+
+  test("updates leave garbage in the pages, and compaction keeps it near its bound") {
+    val rnd = new scala.util.Random(7)
+    val t = new EntryTable()
+    val keys = 40000
+    for (k <- 0 until keys) { val e = entry(k, k); t.put(e, Entry.keyHash(e)) }
+    var model = (0 until keys).map(k => k -> k.toLong).toMap
+    val slotBytes = 8L * t.capacity
+    def pageBytes: Long = t.heapBytes - slotBytes - 4096 // the directory and page counts are a few KiB
+    for (round <- 0 until 50) {
+      for (_ <- 0 until 4000) { // 10% of the keys a round, at random: every page gets some garbage
+        val k = rnd.nextInt(keys)
+        val v = rnd.nextLong()
+        val e = entry(k, v)
+        t.put(e, Entry.keyHash(e))
+        model += k -> v
+      }
+      t.compact()
+      t.checkAccounts()
+      assert(t.capacity == slotBytes / 8, "updates do not resize")
+      // The garbage allowance, the page being filled and the one a compaction stops in the middle of.
+      val bound = (1 + EntryTable.GarbageFraction) * t.entryBytes + 3L * t.currentPageBytes
+      assert(pageBytes <= bound, s"round $round: $pageBytes bytes of pages for ${t.entryBytes} of entries")
+    }
+    assert(contents(t) == model)
+    assert(t.heapBytes == t.heapBytesRecounted)
+    // Without compaction, the same churn piles up garbage: the bound above is compaction's doing.
+    val u = new EntryTable()
+    for (k <- 0 until keys) { val e = entry(k, k); u.put(e, Entry.keyHash(e)) }
+    for (_ <- 0 until 50 * 4000) { val k = rnd.nextInt(keys); val e = entry(k, rnd.nextLong()); u.put(e, Entry.keyHash(e)) }
+    assert(u.heapBytes - slotBytes > 3 * u.entryBytes)
+  }
+
+  test("an entry longer than a quarter page gets a page of its own, dropped when the entry goes") {
+    val t = new EntryTable()
+    val big = Entry(keyBytes(1), new Array[Byte](EntryTable.LargeEntry + 1))
+    val small = entry(2, 2)
+    t.put(small, Entry.keyHash(small))
+    val before = t.heapBytes
+    t.put(big, Entry.keyHash(big))
+    assert(t.heapBytes - before == big.length)
+    val a = t.find(Key(keyBytes(1)))
+    assert(t.offsetOf(a) == 0 && java.util.Arrays.equals(t.copyOf(a), big))
+    t.remove(Key(keyBytes(1)))
+    assert(t.heapBytes == before && contents(t) == Map(2 -> 2L))
+    t.checkAccounts()
   }
 
   test("replaceAt updates the slot slotOf found, and refuses once a resize or a removal moved the key") {
@@ -71,8 +125,8 @@ class EntryTableSuite extends AnyFunSuite {
     for (k <- 0 until 10) t.put(entry(k, k), Entry.keyHash(entry(k, k)))
     val key3 = Key(keyBytes(3))
     val slot = t.slotOf(key3)
-    val found = t.entryAt(slot)
-    assert(slot >= 0 && valueOf(found) == 3)
+    val found = t.addressAt(slot)
+    assert(slot >= 0 && valueAt(t, found) == 3)
     assert(t.slotOf(Key(keyBytes(99))) == -1)
     val stamp = t.stamp
     // Same arrays, and the slot still holds the entry found there: the new entry takes its place.
@@ -81,29 +135,32 @@ class EntryTableSuite extends AnyFunSuite {
     assert(contents(t) == (0 until 10).map(k => k -> (if (k == 3) 33L else k.toLong)).toMap)
     // The slot no longer holds `found`: refused, nothing changes.
     assert(!t.replaceAt(slot, stamp, found, entry(3, 34)))
-    assert(valueOf(t.get(key3)) == 33)
+    assert(valueAt(t, t.find(key3)) == 33)
     // Removed: the slot holds the Deleted marker, and replaceAt changes nothing.
+    val at33 = t.find(key3)
     t.remove(key3)
-    assert(!t.replaceAt(slot, stamp, e33, entry(3, 333)))
-    assert(!t.replaceAt(slot, stamp, EntryTable.Deleted, entry(3, 333)))
-    assert(t.get(key3) == null && t.size == 9)
+    assert(!t.replaceAt(slot, stamp, at33, entry(3, 333)))
+    assert(!t.replaceAt(slot, stamp, EntryTable.NoEntry, entry(3, 333)))
+    assert(t.find(key3) == EntryTable.NoEntry && t.size == 9)
     // A resize gives new arrays and a new stamp: the old slot numbers mean nothing, and are refused.
     val key5 = Key(keyBytes(5))
     val slot5 = t.slotOf(key5)
-    val found5 = t.entryAt(slot5)
+    val found5 = t.addressAt(slot5)
     val before = t.stamp
     for (k <- 100 until 10000) t.put(entry(k, k), Entry.keyHash(entry(k, k)))
     assert(t.stamp != before)
     assert(!t.replaceAt(slot5, before, found5, entry(5, 55)))
-    assert(valueOf(t.get(key5)) == 5)
+    assert(valueAt(t, t.find(key5)) == 5)
     val now = t.slotOf(key5)
     val e55 = entry(5, 55)
     assert(t.replaceAt(now, t.stamp, found5, e55))
-    assert(valueOf(t.get(key5)) == 55 && t.size == 9 + 9900)
+    assert(valueAt(t, t.find(key5)) == 55 && t.size == 9 + 9900)
+    t.checkAccounts()
     // A clear is a new set of arrays too.
     val cleared = t.stamp
+    val at55 = t.find(key5)
     t.clear()
-    assert(t.stamp != cleared && !t.replaceAt(now, cleared, e55, entry(5, 555)) && t.size == 0)
+    assert(t.stamp != cleared && !t.replaceAt(now, cleared, at55, entry(5, 555)) && t.size == 0)
   }
 
   test("commits update keys in the slots they were found in: state and memory count exact, through resizes") {
@@ -128,9 +185,14 @@ class EntryTableSuite extends AnyFunSuite {
       assert(live.numKeys == model.size, s"version $v")
       for (k <- 0 until 40000 by 7) {
         val got = live.get(Key(keyBytes(k)))
-        assert(Option(got).map(_.toSeq) == model.get(k).map(_.toSeq), s"version $v, key $k")
+        val bytes = if (got == EntryTable.NoEntry) None else {
+          val page = live.pageOf(got); val at = live.offsetOf(got)
+          Some(page.slice(at, at + Entry.length(page, at)).toSeq)
+        }
+        assert(bytes == model.get(k).map(_.toSeq), s"version $v, key $k")
       }
     }
+    assert(live.compactedBytes > 0, "the churn left enough garbage for compaction to move entries")
   }
 
   test("undo entries: a snapshot view of every kept version and a roll-back to it equal the model") {
@@ -141,14 +203,14 @@ class EntryTableSuite extends AnyFunSuite {
     val models = mutable.ArrayBuffer(Map.empty[Int, Long])
     def liveContents(st: LiveState): Map[Int, Long] = {
       val out = mutable.ArrayBuffer.empty[Array[Byte]]
-      st.iterator.foreach(out += _)
+      st.iterator.foreach { a => val page = st.pageOf(a); val at = st.offsetOf(a); out += page.slice(at, at + Entry.length(page, at)) }
       assert(out.size == st.numKeys)
       contentsOf(out)
     }
     def contentsOf(emitted: mutable.ArrayBuffer[Array[Byte]]): Map[Int, Long] = {
       val out = mutable.Map.empty[Int, Long]
       emitted.foreach { e =>
-        val k = Platform.getInt(e, Platform.BYTE_ARRAY_OFFSET + Entry.keyStart)
+        val k = keyOf(e, 0)
         // A view may emit a key twice, always with its value at the view's version.
         assert(out.get(k).forall(_ == valueOf(e)), s"key $k emitted with two values")
         out(k) = valueOf(e)
@@ -174,7 +236,10 @@ class EntryTableSuite extends AnyFunSuite {
       assert(live.memoryBytes == live.memoryBytesRecounted, s"version $v: the running memory count")
       for (s <- math.max(0, v - keep) to v) {
         val emitted = mutable.ArrayBuffer.empty[Array[Byte]]
-        live.writeSnapshotView(s, (e, hash) => { assert(hash == Entry.keyHash(e)); emitted += e })
+        live.writeSnapshotView(s, (b, at, hash) => {
+          assert(hash == Entry.keyHash(b, at))
+          emitted += b.slice(at, at + Entry.length(b, at))
+        })
         assert(contentsOf(emitted) == models(s), s"the view of version $s at version $v")
       }
       assert(!live.canRollBackTo(v - keep - 1L), s"version $v keeps no more than $keep undo entries")
@@ -199,23 +264,27 @@ class EntryTableSuite extends AnyFunSuite {
     val ks = (1 to 4).map(k => entry(k, k.toLong))
     ks.foreach(e => t.put(e, hash)) // slots 30, 31, 0, 1
     val it = t.iterator
-    val seen = mutable.ArrayBuffer(it.next(), it.next()) // slots 0 and 1: keys 3 and 4
-    assert(seen.map(e => Platform.getInt(e, Platform.BYTE_ARRAY_OFFSET + Entry.keyStart)) == Seq(3, 4))
+    val seen = mutable.ArrayBuffer(keyAt(t, it.next()), keyAt(t, it.next())) // slots 0 and 1: keys 3 and 4
+    assert(seen == Seq(3, 4))
     val k2 = Entry.key(ks(1)); val k4 = Entry.key(ks(3))
     t.remove(k2, Platform.BYTE_ARRAY_OFFSET, k2.length, hash) // slot 31 is free
     t.remove(k4, Platform.BYTE_ARRAY_OFFSET, k4.length, hash) // slot 1 is free
     t.put(entry(4, 40), hash) // first in the chain is 31, lowest is 1
-    it.foreach(seen += _)
-    val keys = seen.map(e => Platform.getInt(e, Platform.BYTE_ARRAY_OFFSET + Entry.keyStart))
-    assert(keys.sorted == Seq(1, 3, 4), s"seen: $keys")
+    it.foreach(a => seen += keyAt(t, a))
+    assert(seen.sorted == Seq(1, 3, 4), s"seen: $seen")
     assert(contents(t) == Map(1 -> 1L, 3 -> 3L, 4 -> 40L))
   }
 
-  test("an iterator running beside the writer sees each key once, with a value it had") {
+  test("an iterator running beside the writer sees each key once, with a value it had, while compaction moves entries") {
     val t = new EntryTable()
-    val stable = 0 until 20000 // never touched while iterating: must all be seen, unchanged
-    stable.foreach(k => { val e = entry(k, k.toLong); t.put(e, Entry.keyHash(e)) })
+    val stable = 0 until 20000 // never changed while iterating: must all be seen, unchanged
+    // Each stable key shares its page with changing keys, so compaction moves stable keys too.
+    stable.foreach { k =>
+      val e = entry(k, k.toLong); t.put(e, Entry.keyHash(e))
+      val c = entry(20000 + k, -(20000L + k)); t.put(c, Entry.keyHash(c))
+    }
     val stop = new AtomicBoolean(false)
+    val moved = new java.util.concurrent.atomic.AtomicLong
     val writer = new Thread(() => {
       val rnd = new scala.util.Random(3)
       var i = 0
@@ -224,20 +293,24 @@ class EntryTableSuite extends AnyFunSuite {
         if (rnd.nextBoolean()) { val e = entry(k, -k.toLong); t.put(e, Entry.keyHash(e)) }
         else { val kb = keyBytes(k); t.remove(kb, Platform.BYTE_ARRAY_OFFSET, kb.length, Key(kb).hashCode) }
         i += 1
+        if (i % 500 == 0) moved.addAndGet(t.compact())
       }
     })
     writer.start()
     try {
-      for (_ <- 0 until 30) {
+      for (_ <- 0 until 60) {
         val seen = mutable.Map.empty[Int, Long]
-        t.foreach { e =>
-          val k = Platform.getInt(e, Platform.BYTE_ARRAY_OFFSET + Entry.keyStart)
+        t.foreach { (b, at) =>
+          val k = keyOf(b, at)
           assert(!seen.contains(k), s"key $k seen twice")
-          seen(k) = valueOf(e)
+          seen(k) = valueOf(b, at)
         }
         stable.foreach(k => assert(seen.get(k).contains(k.toLong), s"stable key $k"))
         seen.foreach { case (k, v) => if (k >= 20000) assert(v == -k.toLong, s"key $k has foreign value $v") }
       }
     } finally { stop.set(true); writer.join() }
+    assert(moved.get > 0, "compaction moved no entry while the reader ran")
+    t.checkAccounts()
+    assert(t.heapBytes == t.heapBytesRecounted)
   }
 }

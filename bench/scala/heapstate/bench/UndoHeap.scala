@@ -46,7 +46,10 @@ object UndoHeap {
       while (chosen.size < updates) chosen += rnd.nextInt(keys)
       chosen.foreach { k =>
         val key = Key(keyBytes(k))
-        priorBytes += MemoryModel.liveEntry(live.get(key)) // the entry the undo log will keep
+        val prior = live.get(key)
+        val page = live.pageOf(prior)
+        val at = live.offsetOf(prior)
+        priorBytes += MemoryModel.liveEntry(page.slice(at, at + Entry.length(page, at))) // the copy the undo log will keep
         changes.put(key, Entry(key.bytes, value()))
       }
       live.applyCommit(live.prepareCommit(changes), 1) // keeps every undo entry above version 1

@@ -211,16 +211,28 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
   private def keyRow(bytes: Array[Byte]): UnsafeRow = { val r = new UnsafeRow(keyFields); r.pointTo(bytes, bytes.length); r }
   private def valueRow(bytes: Array[Byte]): UnsafeRow = { val r = new UnsafeRow(valueFields); r.pointTo(bytes, bytes.length); r }
 
-  /** Rows that point into a live [[Entry]] (entries are immutable, so nothing is copied). */
-  private def valueRowOf(entry: Array[Byte]): UnsafeRow = {
+  /**
+   * Rows that point into an [[Entry]] at `b`/`at`: a change's array, or a live table page (entries
+   * are never changed once written, so nothing is copied).
+   */
+  private def valueRowOf(b: Array[Byte], at: Int): UnsafeRow = {
     val r = new UnsafeRow(valueFields)
-    r.pointTo(entry, Platform.BYTE_ARRAY_OFFSET + Entry.valueStart(entry), Entry.valueLength(entry)); r
+    r.pointTo(b, Platform.BYTE_ARRAY_OFFSET + Entry.valueStart(b, at), Entry.valueLength(b, at)); r
   }
-  private def pairOf(entry: Array[Byte]): UnsafeRowPair = {
+  private def pairOf(b: Array[Byte], at: Int): UnsafeRowPair = {
     val k = new UnsafeRow(keyFields)
-    k.pointTo(entry, Platform.BYTE_ARRAY_OFFSET + Entry.keyStart, Entry.keyLength(entry))
-    new UnsafeRowPair(k, valueRowOf(entry))
+    k.pointTo(b, Platform.BYTE_ARRAY_OFFSET + Entry.keyStart(at), Entry.keyLength(b, at))
+    new UnsafeRowPair(k, valueRowOf(b, at))
   }
+  private def pairOf(entry: Array[Byte]): UnsafeRowPair = pairOf(entry, 0)
+  /** A look-up key for the key of the live entry at `address`. */
+  private def liveKeyProbe(live: LiveState, address: Long): KeyProbe = {
+    val page = live.pageOf(address)
+    val at = live.offsetOf(address)
+    new KeyProbe(page, Platform.BYTE_ARRAY_OFFSET + Entry.keyStart(at), Entry.keyLength(page, at))
+  }
+  /** The pair of the live entry at `address` (from `live`, with no change to it since). */
+  private def livePairOf(live: LiveState, address: Long): UnsafeRowPair = pairOf(live.pageOf(address), live.offsetOf(address))
 
   /**
    * Reads the given journals (one lineage, oldest first) one by one; Spark's change feed calls a
@@ -271,10 +283,10 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       val probe = new KeyProbe(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes)
       val changed = if (changes.isEmpty) null else changes.lookup(probe)
       if (changed != null) {
-        if (Tombstone.is(changed)) null else valueRowOf(changed)
+        if (Tombstone.is(changed)) null else valueRowOf(changed, 0)
       } else {
-        val entry = live.get(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes, probe.hashCode)
-        if (entry == null) null else valueRowOf(entry)
+        val address = live.get(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes, probe.hashCode)
+        if (address == EntryTable.NoEntry) null else valueRowOf(live.pageOf(address), live.offsetOf(address))
       }
     }
 
@@ -299,8 +311,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
         .filter(e => !Tombstone.is(e.getValue))
         .map(e => pairOf(e.getValue))
       val fromLive = live.iterator
-        .filter(e => changed.isEmpty || !changed.containsKey(new EntryKeyProbe(e)))
-        .map(pairOf)
+        .filter(a => changed.isEmpty || !changed.containsKey(liveKeyProbe(live, a)))
+        .map(a => livePairOf(live, a))
       new StateStoreIterator(fromChanges ++ fromLive, () => ())
     }
 
@@ -315,7 +327,7 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       }.toArray
       val fromLive = live.keysWithPrefix(prefix).iterator().asScala
         .filter(k => !changedSet.contains(k))
-        .flatMap(k => Option(live.get(k)).map(pairOf))
+        .flatMap { k => val a = live.get(k); if (a == EntryTable.NoEntry) None else Some(livePairOf(live, a)) }
       new StateStoreIterator(fromChanges.iterator ++ fromLive, () => ())
     }
 

@@ -1,203 +1,591 @@
 package heapstate.engine
 
+import java.lang.invoke.VarHandle
+
 import org.apache.spark.unsafe.Platform
 import org.apache.spark.unsafe.array.ByteArrayMethods
 
 /**
- * The live state's storage: an open-addressing hash table (linear probing) whose every entry is
- * one immutable byte array holding a key row and its value row (see [[Entry]]). A key costs one
- * array (its rows plus 20 bytes) and two table slots; there is no node, boxed key or separate
- * value object per key, which is what keeps heap per key and GC work low at millions of keys.
+ * The live state's storage: the entries (see [[Entry]]) packed one after another into large byte
+ * arrays, the pages, and an open-addressing hash table (linear probing) of one `long` per slot
+ * that holds an entry's page, its offset in the page and 22 bits of its key's hash.
+ *
+ * There is no object per key. A million keys are a few hundred pages and one slot array, so a
+ * garbage collector's marking visits a few hundred objects where an array per key made it visit a
+ * million, and a key costs its rows, an 8-byte header and about two slots.
+ *
+ * == Pages ==
+ * A page is only ever appended to: bytes once written are never written again, so a row that
+ * points into a page stays valid for as long as it is held. Updating a key appends its new entry
+ * and leaves the old one behind as garbage. A page that holds no live entry any more is dropped
+ * from the page directory. When the garbage passes [[EntryTable.GarbageFraction]] of the live
+ * bytes, [[compact]] moves the live entries out of the emptiest pages, some after each commit, and
+ * drops those pages.
+ *
+ * A small state's pages are small (from 4 KiB). A large state's are one G1 heap region each
+ * ([[EntryTable.PageBytes]]): humongous objects, which G1 allocates among the old objects, so that
+ * young collections never copy them. An entry longer than [[EntryTable.LargeEntry]] gets a page of
+ * its own.
  *
  * == One writer, concurrent readers ==
  * One thread at a time writes (the task thread committing, or a reload). One other thread may
- * iterate concurrently ([[LiveState.writeSnapshotView]]); it needs to see, for every key, either
- * some value the key has had since iteration began or the key's absence, never a torn or
- * foreign entry, and no key twice. That holds because:
- *  - entries are never mutated: an update stores a new array into the key's slot, and a
- *    reference store is atomic;
- *  - a removal leaves the [[Deleted]] marker in its slot, so no entry ever moves to another slot
- *    of the same array (backward-shift deletion would, and an iterator could miss it);
+ * iterate concurrently ([[foreach]], for [[LiveState.writeSnapshotView]]); it needs to see, for
+ * every key, either some value the key has had since iteration began or the key's absence, never
+ * a torn or foreign entry, and no key twice. That holds because:
+ *  - a slot is one `long` (written whole on the 64-bit JVMs Spark runs on), written after a
+ *    release fence that follows the bytes it points to, and read before an acquire fence;
+ *  - a removal leaves the [[EntryTable.Deleted]] marker in its slot, so no entry ever moves to
+ *    another slot of the same array (backward-shift deletion would, and an iterator could miss it);
  *  - a key put back after a removal takes the lowest-indexed removed slot of its chain, at or
  *    below its old one, so an iterator that saw it in its old slot does not meet it again;
- *  - a resize builds new arrays and publishes them through a volatile field; an iterator keeps
- *    the arrays it started with, which the writer no longer changes.
+ *  - a resize builds a new slot array and publishes it through a volatile field; an iterator keeps
+ *    the array it started with, which the writer no longer changes;
+ *  - a page is dropped from the directory (and its index reused) only while no reader is
+ *    registered, and a reader registers before it reads its first slot. Both happen under the
+ *    table's lock, so a reader that registers later sees every slot moved off that page.
  * Readers that must know whether a key changed after some version consult the undo log, which
  * the writer publishes before touching this table.
  */
 final class EntryTable(expectedKeys: Int = 16) {
   import EntryTable._
 
-  /** Slots: the entry, [[Deleted]], or null (never used). Replaced whole on resize. */
-  @volatile private var entries: Array[Array[Byte]] = new Array(capacityFor(expectedKeys))
-  /** Each used slot's key hash, to skip most mismatches without touching the entry. */
-  private var hashes: Array[Int] = new Array(entries.length)
+  /** Slots: [[Empty]], [[Deleted]], or a hash fragment and an address. Replaced whole on resize. */
+  @volatile private var slots: Array[Long] = new Array(capacityFor(expectedKeys))
   private var live = 0
-  /** Slots holding an entry or [[Deleted]]; probing ends only at a null slot. */
+  /** Slots holding an entry or [[Deleted]]; probing ends only at an empty slot. */
   private var used = 0
-  /** Counts the replacements of the arrays; see [[stamp]]. */
+  /** Counts the replacements of the slot array; see [[stamp]]. */
   private var generation = 0
 
-  def size: Int = live
-  def capacity: Int = entries.length
+  /** The page directory; an address's page index points into it. Grows by copying. */
+  @volatile private var pages: Array[Array[Byte]] = new Array(16)
+  /** Per page: the bytes appended to it (0 once it is emptied), and those of its live entries. */
+  private var pageUsed: Array[Int] = new Array(16)
+  private var pageLive: Array[Int] = new Array(16)
+  /** Page indices handed out so far; those below it are in use, emptied, or in `freeIndices`. */
+  private var pageCount = 0
+  private var freeIndices = new Array[Int](16)
+  private var freeCount = 0
+  /** Pages emptied while a reader was registered: dropped once none is. */
+  private var retired = new Array[Int](16)
+  private var retiredCount = 0
+  /** The page entries are appended to, or -1. */
+  private var current = -1
+  /** Bytes of the live entries; bytes appended to pages not emptied yet; lengths of all pages held. */
+  private var liveBytes, usedBytes, heldBytes = 0L
+  /** Bytes appended since the last [[compact]]: the next one moves a multiple of it at most. */
+  private var appendedSinceCompaction = 0L
+  /** [[evacuate]]'s list of a page's entries: their offsets and their keys' hashes. */
+  private var scratchAt, scratchHash = new Array[Int](256)
+  /** Where [[evacuate]] leaves the slots it read ahead, so that the compiler keeps those reads. */
+  private var readAheadSum = 0L
+  /** Registered readers ([[foreach]]); guarded by the table's lock. */
+  private var readers = 0
+  /** Counts the pages dropped from the directory: an [[iterator]] fails when it changes. */
+  @volatile private var drops = 0
 
-  /** The entry whose key is `length` bytes at `base`/`offset`, or null. */
-  def get(base: AnyRef, offset: Long, length: Int, hash: Int): Array[Byte] = {
-    val es = entries
-    val i = find(es, hashes, base, offset, length, hash)
-    if (i < 0) null else es(i)
+  def size: Int = live
+  def capacity: Int = slots.length
+
+  /** Changes whenever the slot array is replaced (a resize or a clear), which moves entries to other slots. */
+  def stamp: Int = generation
+
+  // ---- look-ups (the writer's thread, or a reader that holds no slot across a change) ----
+
+  /** The address of the entry whose key is `length` bytes at `base`/`offset` (hashing to `hash`), or [[NoEntry]]. */
+  def find(base: AnyRef, offset: Long, length: Int, hash: Int): Long = {
+    val ss = slots
+    val i = findSlot(ss, base, offset, length, hash)
+    if (i < 0) NoEntry else ss(i) & AddressMask
   }
 
-  def get(key: Key): Array[Byte] = get(key.bytes, Platform.BYTE_ARRAY_OFFSET, key.bytes.length, key.hashCode)
+  def find(key: Key): Long = find(key.bytes, Platform.BYTE_ARRAY_OFFSET, key.bytes.length, key.hashCode)
 
-  /** The entry of the key that `entry` holds (hashing to `hash`), or null. */
-  def getKeyOf(entry: Array[Byte], hash: Int): Array[Byte] =
-    get(entry, Platform.BYTE_ARRAY_OFFSET + Entry.keyStart, Entry.keyLength(entry), hash)
+  /** The address of the entry of the key that the entry array `entry` holds (hashing to `hash`), or [[NoEntry]]. */
+  def findKeyOf(entry: Array[Byte], hash: Int): Long =
+    find(entry, Platform.BYTE_ARRAY_OFFSET + Entry.HeaderBytes, Entry.keyLength(entry, 0), hash)
+
+  /** The page that holds the entry at `address` (from this table, and not dropped since). */
+  def pageOf(address: Long): Array[Byte] = pages(pageIndex(address))
+
+  /** The index in its page of the first byte of the entry at `address`. */
+  def offsetOf(address: Long): Int = (address & OffsetMask).toInt
+
+  /** A new array holding a copy of the entry at `address`. */
+  def copyOf(address: Long): Array[Byte] = {
+    val page = pageOf(address)
+    val offset = offsetOf(address)
+    java.util.Arrays.copyOfRange(page, offset, offset + Entry.length(page, offset))
+  }
 
   /**
    * The slot holding `key`'s entry, or -1. The slot stays the key's for as long as [[stamp]] does
-   * not change and the key is not removed: entries never move within one set of arrays.
+   * not change and the key is not removed: entries never move to another slot of one array.
    */
-  def slotOf(key: Key): Int = find(entries, hashes, key.bytes, Platform.BYTE_ARRAY_OFFSET, key.bytes.length, key.hashCode)
+  def slotOf(key: Key): Int = findSlot(slots, key.bytes, Platform.BYTE_ARRAY_OFFSET, key.bytes.length, key.hashCode)
 
-  /** The slot of `es` (with key hashes `hs`) holding the key `length` bytes at `base`/`offset`, or -1. */
-  private def find(es: Array[Array[Byte]], hs: Array[Int], base: AnyRef, offset: Long, length: Int, hash: Int): Int = {
-    val mask = es.length - 1
+  /** The address of the entry in `slot` (from [[slotOf]], under the same [[stamp]]). */
+  def addressAt(slot: Int): Long = slots(slot) & AddressMask
+
+  /** The slot of `ss` holding the key `length` bytes at `base`/`offset`, or -1. */
+  private def findSlot(ss: Array[Long], base: AnyRef, offset: Long, length: Int, hash: Int): Int = {
+    val mask = ss.length - 1
+    val tag = tagOf(hash)
+    val ps = pages
     var i = hash & mask
-    var e = es(i)
-    while (e != null) {
-      if ((e ne Deleted) && hs(i) == hash && Entry.keyEquals(e, base, offset, length)) return i
+    var s = ss(i)
+    while (s != Empty) {
+      if ((s >>> AddressBits) == tag && s != Deleted) {
+        val page = ps(pageIndex(s))
+        if (Entry.keyEquals(page, offsetOf(s), base, offset, length)) return i
+      }
       i = (i + 1) & mask
-      e = es(i)
+      s = ss(i)
     }
     -1
   }
 
-  /** The entry in `slot` (from [[slotOf]], under the same [[stamp]]). */
-  def entryAt(slot: Int): Array[Byte] = entries(slot)
-
-  /** Changes whenever the table's arrays are replaced (a resize or a clear), which moves entries to other slots. */
-  def stamp: Int = generation
+  // ---- changes (the writer's thread) ----
 
   /**
-   * Puts `entry` in `slot` (from [[slotOf]] under `stamp`) in place of `expected`, the entry found
-   * there, without probing. Returns false, changing nothing, when the arrays were replaced since
-   * or the slot holds something else: the caller then falls back to [[put]].
+   * Puts a copy of the entry array `entry` in `slot` (from [[slotOf]] under `stamp`) in place of
+   * the entry at `expected`, without probing. Returns false, changing nothing, when the slot array
+   * was replaced since or the slot holds something else: the caller then falls back to [[put]].
    */
-  def replaceAt(slot: Int, stamp: Int, expected: Array[Byte], entry: Array[Byte]): Boolean = {
-    val es = entries
-    if (stamp != generation || slot < 0 || slot >= es.length || (es(slot) ne expected) || (expected eq Deleted)) false
-    else { es(slot) = entry; true }
+  def replaceAt(slot: Int, stamp: Int, expected: Long, entry: Array[Byte]): Boolean = {
+    val ss = slots
+    if (stamp != generation || slot < 0 || slot >= ss.length || expected == NoEntry) false
+    else {
+      val s = ss(slot)
+      if (s == Empty || s == Deleted || (s & AddressMask) != expected) false
+      else {
+        val length = Entry.length(pageOf(expected), offsetOf(expected))
+        val moved = append(entry, Platform.BYTE_ARRAY_OFFSET, entry.length)
+        setSlot(ss, slot, (s & ~AddressMask) | moved) // the new entry is published before the old one can be dropped
+        release(expected, length)
+        true
+      }
+    }
   }
 
-  /** Stores `entry` (whose key hashes to `hash`) in place of any entry of the same key; returns the old one or null. */
-  def put(entry: Array[Byte], hash: Int): Array[Byte] = {
-    if (used + 1 > entries.length - (entries.length >>> 2)) resize()
-    val es = entries
-    val mask = es.length - 1
+  /**
+   * Stores a copy of the entry array `entry` (whose key hashes to `hash`) in place of any entry of
+   * the same key; returns the replaced entry's length in bytes, or -1 when the key was absent.
+   */
+  def put(entry: Array[Byte], hash: Int): Int = {
+    if (used + 1 > slots.length - (slots.length >>> 2)) resize()
+    val ss = slots
+    val mask = ss.length - 1
+    val tag = tagOf(hash)
+    val keyLength = Entry.keyLength(entry, 0)
     var i = hash & mask
     var free = -1
-    var e = es(i)
-    while (e != null) {
+    var s = ss(i)
+    while (s != Empty) {
       // Any removed slot of the chain will do; the lowest-indexed one keeps a key put back after
       // a removal from landing past its old slot, where an iterator that saw it there would see
       // it again (a chain that wraps past the array's end has its first slots at its high end).
-      if (e eq Deleted) { if (free < 0 || i < free) free = i }
-      else if (hashes(i) == hash && Entry.sameKey(e, entry)) { es(i) = entry; return e }
+      if (s == Deleted) { if (free < 0 || i < free) free = i }
+      else if ((s >>> AddressBits) == tag &&
+        Entry.keyEquals(pageOf(s), offsetOf(s), entry, Platform.BYTE_ARRAY_OFFSET + Entry.HeaderBytes, keyLength)) {
+        val old = s & AddressMask
+        val length = Entry.length(pageOf(old), offsetOf(old))
+        val moved = append(entry, Platform.BYTE_ARRAY_OFFSET, entry.length)
+        setSlot(ss, i, (tag << AddressBits) | moved)
+        release(old, length)
+        return length
+      }
       i = (i + 1) & mask
-      e = es(i)
+      s = ss(i)
     }
+    val address = append(entry, Platform.BYTE_ARRAY_OFFSET, entry.length)
     if (free >= 0) i = free else used += 1
-    hashes(i) = hash
-    es(i) = entry
+    setSlot(ss, i, (tag << AddressBits) | address)
     live += 1
-    null
+    -1
   }
 
-  /** Removes the entry of the key `length` bytes at `base`/`offset`; returns it, or null. */
-  def remove(base: AnyRef, offset: Long, length: Int, hash: Int): Array[Byte] = {
-    val es = entries
-    val i = find(es, hashes, base, offset, length, hash)
-    if (i < 0) null
+  /** Removes the entry of the key `length` bytes at `base`/`offset`; returns its length in bytes, or -1. */
+  def remove(base: AnyRef, offset: Long, length: Int, hash: Int): Int = {
+    val ss = slots
+    val i = findSlot(ss, base, offset, length, hash)
+    if (i < 0) -1
     else {
-      val e = es(i)
-      es(i) = Deleted
+      val old = ss(i) & AddressMask
+      val entryLength = Entry.length(pageOf(old), offsetOf(old))
+      setSlot(ss, i, Deleted)
       live -= 1
-      e
+      release(old, entryLength)
+      entryLength
     }
   }
 
-  def remove(key: Key): Array[Byte] = remove(key.bytes, Platform.BYTE_ARRAY_OFFSET, key.bytes.length, key.hashCode)
+  def remove(key: Key): Int = remove(key.bytes, Platform.BYTE_ARRAY_OFFSET, key.bytes.length, key.hashCode)
+
+  /** Empties the table (the caller excludes concurrent readers). */
+  def clear(): Unit = {
+    live = 0; used = 0
+    pageUsed = new Array(16); pageLive = new Array(16); pageCount = 0; freeCount = 0; retiredCount = 0
+    current = -1; liveBytes = 0; usedBytes = 0; heldBytes = 0; appendedSinceCompaction = 0
+    generation += 1
+    pages = new Array(16)
+    slots = new Array(16)
+    drops += 1
+  }
+
+  // ---- readers ----
 
   /**
-   * Calls `f` with every entry. Safe while one writer works (see the class comment): a key
-   * changed meanwhile is seen with one of its values, or not at all if removed.
+   * Calls `f` with every entry's page and offset, registered as a reader (see the class comment):
+   * safe while one writer works; a key changed meanwhile is seen with one of its values, or not at
+   * all if removed. The bytes stay valid after `f` returns.
    */
-  def foreach(f: Array[Byte] => Unit): Unit = {
-    val es = entries
-    var i = 0
-    while (i < es.length) {
-      val e = es(i)
-      if (e != null && (e ne Deleted)) f(e)
-      i += 1
-    }
+  def foreach(f: (Array[Byte], Int) => Unit): Unit = {
+    synchronized { readers += 1 }
+    try {
+      val ss = slots
+      var i = 0
+      while (i < ss.length) {
+        val s = ss(i)
+        VarHandle.acquireFence() // the entry's bytes are read after the slot that points to them
+        if (s != Empty && s != Deleted) f(pages(pageIndex(s)), offsetOf(s))
+        i += 1
+      }
+    } finally synchronized { readers -= 1 }
   }
 
-  /** An iterator over the entries, with the same guarantees as [[foreach]]. */
-  def iterator: Iterator[Array[Byte]] = new Iterator[Array[Byte]] {
-    private val es = entries
+  /**
+   * The entries' addresses, for the writer's own thread between its changes (a task iterating its
+   * store). It fails if a change drops a page while it is open, rather than read a dropped page.
+   */
+  def iterator: Iterator[Long] = new Iterator[Long] {
+    private val ss = slots
+    private val dropsAtStart = drops
     private var i = -1
     private def advance(): Unit = {
       i += 1
-      while (i < es.length && (es(i) == null || (es(i) eq Deleted))) i += 1
+      while (i < ss.length && (ss(i) == Empty || ss(i) == Deleted)) i += 1
     }
     advance()
-    override def hasNext: Boolean = i < es.length
-    override def next(): Array[Byte] = {
+    override def hasNext: Boolean = i < ss.length
+    override def next(): Long = {
       if (!hasNext) throw new NoSuchElementException
-      val e = es(i); advance(); e
+      if (drops != dropsAtStart) throw new java.util.ConcurrentModificationException("heapstate: the state changed under an iterator")
+      val s = ss(i); advance(); s & AddressMask
     }
   }
 
-  /** Empties the table (the caller excludes concurrent iterators). */
-  def clear(): Unit = {
-    hashes = new Array(16); live = 0; used = 0
-    generation += 1
-    entries = new Array(16)
+  // ---- memory ----
+
+  /** Heap held by the table: its pages (live entries, garbage and free room), slots and directory. */
+  def heapBytes: Long = heldBytes + 16L + 8L * slots.length + 3 * (16L + 4L * pages.length) + 4L * (freeIndices.length + retired.length)
+
+  /** [[heapBytes]] counted afresh from the directory; tests hold the one to the other. Writer's thread only. */
+  private[heapstate] def heapBytesRecounted: Long = {
+    var n = 0L
+    val ps = pages
+    var p = 0
+    while (p < pageCount) { if (ps(p) != null) n += ps(p).length; p += 1 }
+    n + 16L + 8L * slots.length + 3 * (16L + 4L * ps.length) + 4L * (freeIndices.length + retired.length)
   }
 
-  /** Heap held by the table's own arrays (entries are counted by their owners). */
-  def tableBytes: Long = 2L * (16 + 4L * entries.length)
+  /** Bytes of the live entries. */
+  def entryBytes: Long = liveBytes
 
-  /** Rehashes into fresh arrays, dropping [[Deleted]] markers; doubles when more than half full. */
-  private def resize(): Unit = {
-    val old = entries
-    val oldHashes = hashes
-    val newCapacity = if (live + 1 > old.length / 2) old.length * 2 else old.length
-    val es = new Array[Array[Byte]](newCapacity)
-    val hs = new Array[Int](newCapacity)
-    val mask = newCapacity - 1
+  /**
+   * Checks the running counts against the slots and pages (for tests): each page's live bytes,
+   * the live total, and that no slot points into a dropped page. Writer's thread only.
+   */
+  private[heapstate] def checkAccounts(): Unit = {
+    val counted = new Array[Long](pageCount)
+    var total = 0L
+    var n = 0
+    val ss = slots
+    var i = 0
+    while (i < ss.length) {
+      val s = ss(i)
+      if (s != Empty && s != Deleted) {
+        val p = pageIndex(s)
+        require(pages(p) != null, s"slot $i points into dropped page $p")
+        val length = Entry.length(pages(p), offsetOf(s))
+        require(offsetOf(s) + length <= pageUsed(p), s"slot $i points past page $p's end")
+        counted(p) += length; total += length; n += 1
+      }
+      i += 1
+    }
+    require(n == live, s"$n entries in the slots, $live counted")
+    require(total == liveBytes, s"$total live bytes in the slots, $liveBytes counted")
+    var p = 0
+    while (p < pageCount) {
+      require(counted(p) == pageLive(p), s"page $p: ${counted(p)} live bytes in the slots, ${pageLive(p)} counted")
+      p += 1
+    }
+  }
+
+  // ---- the arena ----
+
+  /** Appends `length` bytes at `base`/`offset` (an entry) to the pages; returns their address. */
+  private def append(base: AnyRef, offset: Long, length: Int): Long = {
+    val p = if (length > LargeEntry) newPage(length) else {
+      if (current < 0 || pageUsed(current) + length > pages(current).length) {
+        val full = current
+        current = newPage(nextPageBytes(length))
+        if (full >= 0 && pageLive(full) == 0) empty(full)
+      }
+      current
+    }
+    val at = pageUsed(p)
+    Platform.copyMemory(base, offset, pages(p), Platform.BYTE_ARRAY_OFFSET + at, length)
+    pageUsed(p) += length
+    pageLive(p) += length
+    liveBytes += length
+    usedBytes += length
+    appendedSinceCompaction += length
+    addressOf(p, at)
+  }
+
+  /**
+   * The size of the next page to append to: a quarter of the pages held, as a power of two
+   * between [[EntryTable.MinPageBytes]] and [[EntryTable.YoungPageBytes]], so that a small state
+   * holds small pages and the room not used yet stays a small share; [[EntryTable.PageBytes]] once
+   * that quarter reaches it; at least `need`.
+   */
+  private def nextPageBytes(need: Int): Int = {
+    val quarter = heldBytes / 4
+    val size = if (quarter >= PageBytes) PageBytes
+      else math.min(math.max(java.lang.Long.highestOneBit(math.max(quarter, 1L)), MinPageBytes.toLong), YoungPageBytes.toLong).toInt
+    math.max(need, size)
+  }
+
+  /** The size of the page entries are appended to now (what a new state starts with, before any). */
+  def currentPageBytes: Int = if (current < 0) MinPageBytes else pages(current).length
+
+  /** Bytes in the pages that no live entry uses: left behind by updates and removals. */
+  def garbageBytes: Long = usedBytes - liveBytes
+
+  /** A new page of `length` bytes in the directory; returns its index. */
+  private def newPage(length: Int): Int = {
+    val p = if (freeCount > 0) { freeCount -= 1; freeIndices(freeCount) } else {
+      if (pageCount == MaxPages) throw new IllegalStateException(s"heapstate: a state store holds at most $MaxPages pages")
+      if (pageCount == pages.length) {
+        val grown = math.min(pages.length * 2, MaxPages)
+        pageUsed = java.util.Arrays.copyOf(pageUsed, grown)
+        pageLive = java.util.Arrays.copyOf(pageLive, grown)
+        pages = java.util.Arrays.copyOf(pages, grown) // a reader sees the old directory or the whole new one
+      }
+      pageCount += 1
+      pageCount - 1
+    }
+    pages(p) = new Array[Byte](length)
+    pageUsed(p) = 0
+    pageLive(p) = 0
+    heldBytes += length
+    p
+  }
+
+  /** Counts the entry of `length` bytes at `address` as garbage; its slot no longer points to it. */
+  private def release(address: Long, length: Int): Unit = {
+    val p = pageIndex(address)
+    pageLive(p) -= length
+    liveBytes -= length
+    if (pageLive(p) == 0 && p != current) empty(p)
+  }
+
+  /** Takes page `p`, which holds no live entry, out of use: dropped now, or once no reader is registered. */
+  private def empty(p: Int): Unit = {
+    usedBytes -= pageUsed(p)
+    pageUsed(p) = 0
+    synchronized {
+      if (retiredCount == retired.length) retired = java.util.Arrays.copyOf(retired, retiredCount * 2)
+      retired(retiredCount) = p
+      retiredCount += 1
+      if (readers == 0) dropRetired()
+    }
+  }
+
+  /** Drops the retired pages from the directory (under the lock, with no reader registered). */
+  private def dropRetired(): Unit = {
+    while (retiredCount > 0) {
+      retiredCount -= 1
+      val p = retired(retiredCount)
+      heldBytes -= pages(p).length
+      pages(p) = null
+      if (freeCount == freeIndices.length) freeIndices = java.util.Arrays.copyOf(freeIndices, freeCount * 2)
+      freeIndices(freeCount) = p
+      freeCount += 1
+    }
+    drops += 1
+  }
+
+  /**
+   * Moves the live entries out of the emptiest pages while the garbage is more than
+   * [[EntryTable.GarbageFraction]] of the live bytes, up to [[EntryTable.CompactionRatio]] times
+   * the bytes appended since the last call. Returns the bytes moved. The writer calls it after
+   * each commit. It does nothing while a reader is registered: no page could be dropped then.
+   */
+  def compact(): Long = {
+    if (synchronized { if (retiredCount > 0 && readers == 0) dropRetired(); readers > 0 }) return 0L
+    // What was appended while readers kept this from running counts too, so that it catches up.
+    val budget = CompactionRatio * math.max(appendedSinceCompaction, currentPageBytes.toLong)
+    appendedSinceCompaction = 0
+    var moved = 0L
+    var done = false
+    while (!done && moved < budget && garbageBytes > math.max(GarbageFraction * liveBytes.toDouble, 4.0 * MinPageBytes)) {
+      val v = victim()
+      if (v < 0) done = true else moved += evacuate(v)
+    }
+    moved
+  }
+
+  /** The page with the smallest share of live bytes, if below [[EntryTable.MaxVictimLive]]; else -1. */
+  private def victim(): Int = {
+    var best = -1
+    var bestLive, bestUsed = 0L
+    var p = 0
+    while (p < pageCount) {
+      val u = pageUsed(p)
+      if (u > 0 && p != current && (best < 0 || pageLive(p).toLong * bestUsed < bestLive * u)) {
+        best = p; bestLive = pageLive(p); bestUsed = u
+      }
+      p += 1
+    }
+    if (best >= 0 && bestLive.toDouble < MaxVictimLive * bestUsed) best else -1
+  }
+
+  /** Moves page `v`'s live entries to the current page, which empties it; returns the bytes moved. */
+  private def evacuate(v: Int): Long = {
+    val page = pages(v)
+    val end = pageUsed(v)
+    // First the page's entries in order (one sequential read), then their slots: each slot is a
+    // cache miss, so the slot `ReadAhead` entries on is touched while this one is moved.
+    var n = 0
+    var at = 0
+    while (at < end) {
+      if (n == scratchAt.length) {
+        scratchAt = java.util.Arrays.copyOf(scratchAt, n * 2)
+        scratchHash = java.util.Arrays.copyOf(scratchHash, n * 2)
+      }
+      scratchAt(n) = at
+      scratchHash(n) = Key.hash(page, Platform.BYTE_ARRAY_OFFSET + at + Entry.HeaderBytes, Entry.keyLength(page, at))
+      n += 1
+      at += Entry.length(page, at)
+    }
+    val ss = slots // no resize while moving: only a put resizes
+    val mask = ss.length - 1
+    var ahead = 0L
+    var moved = 0L
     var j = 0
-    while (j < old.length) {
-      val e = old(j)
-      if (e != null && (e ne Deleted)) {
-        var i = oldHashes(j) & mask
-        while (es(i) != null) i = (i + 1) & mask
-        es(i) = e
-        hs(i) = oldHashes(j)
+    // Stops as soon as the page holds nothing live: emptied, its index may be reused by then.
+    while (j < n && pageLive(v) > 0) {
+      if (j + ReadAhead < n) ahead += ss(scratchHash(j + ReadAhead) & mask)
+      val at = scratchAt(j)
+      val address = addressOf(v, at)
+      var i = scratchHash(j) & mask
+      var s = ss(i)
+      while (s != Empty && (s & AddressMask) != address) { i = (i + 1) & mask; s = ss(i) }
+      if (s != Empty) { // live: its key's slot points here
+        val length = Entry.length(page, at)
+        val moveTo = append(page, Platform.BYTE_ARRAY_OFFSET + at, length)
+        setSlot(ss, i, (s & ~AddressMask) | moveTo)
+        release(address, length)
+        moved += length
       }
       j += 1
     }
-    hashes = hs
+    readAheadSum += ahead
+    moved
+  }
+
+  /** Rehashes into a fresh slot array, dropping [[Deleted]] markers; doubles when more than half full. */
+  private def resize(): Unit = {
+    val old = slots
+    val newCapacity = if (live + 1 > old.length / 2) old.length * 2 else old.length
+    val ss = new Array[Long](newCapacity)
+    val mask = newCapacity - 1
+    val ps = pages
+    var j = 0
+    while (j < old.length) {
+      val s = old(j)
+      if (s != Empty && s != Deleted) {
+        val page = ps(pageIndex(s))
+        val at = offsetOf(s)
+        // The slot keeps 22 bits of the hash; the index needs the low ones, so it is computed again.
+        var i = Key.hash(page, Platform.BYTE_ARRAY_OFFSET + at + Entry.HeaderBytes, Entry.keyLength(page, at)) & mask
+        while (ss(i) != Empty) i = (i + 1) & mask
+        ss(i) = s
+      }
+      j += 1
+    }
     used = live
     generation += 1
-    entries = es // published last: a concurrent iterator sees the old arrays or the complete new ones
+    slots = ss // published last: a concurrent reader sees the old array or the complete new one
   }
+
+  /** Writes a slot after every write before it, as a release store does (see the class comment). */
+  private def setSlot(ss: Array[Long], i: Int, value: Long): Unit = { VarHandle.releaseFence(); ss(i) = value }
 }
 
 object EntryTable {
-  /** The marker of a removed key's slot. */
-  val Deleted: Array[Byte] = new Array[Byte](0)
+  /** The address that means "no entry". */
+  val NoEntry = 0L
+  /** Slot values: never used, and removed. Neither is an address (a page field is at least 1). */
+  private val Empty = 0L
+  private val Deleted = 1L
+
+  /** A slot: `[hash tag: 22 bits][page index + 1: 17 bits][offset in the page: 25 bits]`. */
+  private val OffsetBits = 25
+  private val PageBits = 17
+  private val AddressBits = OffsetBits + PageBits
+  private val OffsetMask = (1L << OffsetBits) - 1
+  private val AddressMask = (1L << AddressBits) - 1
+  private val MaxPages = (1 << PageBits) - 2
+
+  /** A byte array's header on a 64-bit HotSpot JVM: mark word, class pointer and length. */
+  private val ArrayHeaderBytes = 16 // before PageBytes, which is initialised from it
+  /** The largest page allocated among young objects: under G1's smallest humongous size (512 KiB). */
+  val YoungPageBytes: Int = 256 * 1024
+  /**
+   * The page of a large state: under G1, one heap region less an array's header, so that each page
+   * is a humongous object that fills its region exactly. A humongous object is allocated among the
+   * old objects, where young collections never copy it: pages live long, and a young-sized page
+   * is copied by every young collection until it is promoted. Other collectors:
+   * [[YoungPageBytes]].
+   */
+  val PageBytes: Int = g1RegionBytes match {
+    case Some(region) if region >= 2L * YoungPageBytes => math.min(region, 32L << 20).toInt - ArrayHeaderBytes
+    case _ => YoungPageBytes
+  }
+  /** The smallest page (a store's first). */
+  val MinPageBytes: Int = 4 * 1024
+  /** An entry longer than this gets a page of its own. */
+  val LargeEntry: Int = YoungPageBytes / 4
+
+  /** G1's heap region size, when this JVM runs G1. */
+  private def g1RegionBytes: Option[Long] =
+    try {
+      val hotspot = java.lang.management.ManagementFactory.getPlatformMXBean(classOf[com.sun.management.HotSpotDiagnosticMXBean])
+      if (hotspot.getVMOption("UseG1GC").getValue != "true") None
+      else Some(hotspot.getVMOption("G1HeapRegionSize").getValue.toLong)
+    } catch { case _: Exception => None }
+  /**
+   * [[EntryTable.compact]] runs while the garbage is more than this share of the live bytes. W1's
+   * `memoryUsedBytes` target (at most 1.2x the raw rows) leaves room for about this much, beside
+   * the slots and the undo log; updates spread over every page (W1's are uniform) make compaction
+   * move about 9 bytes for each byte of garbage at this share (`bench/runMain
+   * heapstate.bench.ArenaChurn`).
+   */
+  val GarbageFraction = 0.05
+  /** Pages with at least this share of live bytes are never emptied by moving their entries. */
+  val MaxVictimLive = 0.95
+  /** [[EntryTable.compact]] moves at most this many times the bytes appended since it last ran. */
+  val CompactionRatio = 8L
+
+  private def tagOf(hash: Int): Long = (hash >>> 10).toLong
+  private def pageIndex(s: Long): Int = (((s & AddressMask) >>> OffsetBits) - 1).toInt
+  private def addressOf(page: Int, offset: Int): Long = ((page + 1).toLong << OffsetBits) | offset
+
+  /** How many entries ahead [[EntryTable.evacuate]] touches a slot (Java has no prefetch instruction). */
+  private val ReadAhead = 8
 
   /** A power of two with room for `keys` at a load of at most one half. */
   def capacityFor(keys: Int): Int = {
@@ -207,12 +595,15 @@ object EntryTable {
 }
 
 /**
- * One key and its value in a single array: `[key length: i32][key bytes][value bytes]`, where
- * the key and value bytes are `UnsafeRow`s. Entries are immutable once built.
+ * One key and its value: `[key length: i32][value length: i32][key bytes][value bytes]`, where the
+ * key and value bytes are `UnsafeRow`s. An entry is either a whole array of its own (a change, an
+ * undo record, an entry read from a file: offset 0) or a stretch of an [[EntryTable]] page; either
+ * way it is never changed once written. Offsets are indices into the array (add
+ * `Platform.BYTE_ARRAY_OFFSET` for `Platform`'s calls).
  */
 object Entry {
   private val Base = Platform.BYTE_ARRAY_OFFSET
-  val HeaderBytes = 4
+  val HeaderBytes = 8
 
   def apply(key: Array[Byte], value: Array[Byte]): Array[Byte] =
     copyOf(key, value, Platform.BYTE_ARRAY_OFFSET, value.length)
@@ -221,34 +612,44 @@ object Entry {
   def copyOf(key: Array[Byte], valueBase: AnyRef, valueOffset: Long, valueLength: Int): Array[Byte] = {
     val e = new Array[Byte](HeaderBytes + key.length + valueLength)
     Platform.putInt(e, Base, key.length)
+    Platform.putInt(e, Base + 4, valueLength)
     System.arraycopy(key, 0, e, HeaderBytes, key.length)
     Platform.copyMemory(valueBase, valueOffset, e, Base + HeaderBytes + key.length, valueLength)
     e
   }
 
-  def keyLength(e: Array[Byte]): Int = Platform.getInt(e, Base)
-  /** Offset of the key bytes from the array's start (add `Platform.BYTE_ARRAY_OFFSET` for Unsafe). */
-  def keyStart: Int = HeaderBytes
-  def valueStart(e: Array[Byte]): Int = HeaderBytes + keyLength(e)
-  def valueLength(e: Array[Byte]): Int = e.length - HeaderBytes - keyLength(e)
+  def keyLength(b: Array[Byte], at: Int): Int = Platform.getInt(b, Base + at)
+  def valueLength(b: Array[Byte], at: Int): Int = Platform.getInt(b, Base + at + 4)
+  /** The whole entry's length, header included. */
+  def length(b: Array[Byte], at: Int): Int = HeaderBytes + keyLength(b, at) + valueLength(b, at)
+  def keyStart(at: Int): Int = at + HeaderBytes
+  def valueStart(b: Array[Byte], at: Int): Int = at + HeaderBytes + keyLength(b, at)
 
-  def key(e: Array[Byte]): Array[Byte] = java.util.Arrays.copyOfRange(e, HeaderBytes, valueStart(e))
-  def value(e: Array[Byte]): Array[Byte] = java.util.Arrays.copyOfRange(e, valueStart(e), e.length)
+  def keyLength(e: Array[Byte]): Int = keyLength(e, 0)
+  def valueLength(e: Array[Byte]): Int = valueLength(e, 0)
 
-  def keyHash(e: Array[Byte]): Int = Key.hash(e, Base + HeaderBytes, keyLength(e))
+  def key(b: Array[Byte], at: Int): Array[Byte] = java.util.Arrays.copyOfRange(b, keyStart(at), valueStart(b, at))
+  def value(b: Array[Byte], at: Int): Array[Byte] =
+    java.util.Arrays.copyOfRange(b, valueStart(b, at), valueStart(b, at) + valueLength(b, at))
+  def key(e: Array[Byte]): Array[Byte] = key(e, 0)
+  def value(e: Array[Byte]): Array[Byte] = value(e, 0)
 
-  def keyEquals(e: Array[Byte], base: AnyRef, offset: Long, length: Int): Boolean =
-    keyLength(e) == length && ByteArrayMethods.arrayEquals(e, Base + HeaderBytes, base, offset, length)
+  def keyHash(b: Array[Byte], at: Int): Int = Key.hash(b, Base + at + HeaderBytes, keyLength(b, at))
+  def keyHash(e: Array[Byte]): Int = keyHash(e, 0)
 
-  def sameKey(a: Array[Byte], b: Array[Byte]): Boolean = keyEquals(a, b, Base + HeaderBytes, keyLength(b))
+  /** Whether the key of the entry at `b`/`at` is the `length` bytes at `base`/`offset`. */
+  def keyEquals(b: Array[Byte], at: Int, base: AnyRef, offset: Long, length: Int): Boolean =
+    keyLength(b, at) == length && ByteArrayMethods.arrayEquals(b, Base + at + HeaderBytes, base, offset, length)
+
+  def sameKey(a: Array[Byte], b: Array[Byte]): Boolean = keyEquals(a, 0, b, Base + HeaderBytes, keyLength(b))
 
   /** Whether `e`'s key equals `key`. */
-  def hasKey(e: Array[Byte], key: Key): Boolean = keyEquals(e, key.bytes, Base, key.bytes.length)
+  def hasKey(e: Array[Byte], key: Key): Boolean = keyEquals(e, 0, key.bytes, Base, key.bytes.length)
 }
 
 /**
- * A look-up key that points at an entry's key bytes, for hash maps keyed by [[Key]] (the change
- * set, the keys deleted above a loading snapshot). Like [[KeyProbe]], it is only ever the
+ * A look-up key that points at an entry array's key bytes, for hash maps keyed by [[Key]] (the
+ * change set, the keys deleted above a loading snapshot). Like [[KeyProbe]], it is only ever the
  * argument of a look-up.
  */
 final class EntryKeyProbe(val entry: Array[Byte], override val hashCode: Int) {

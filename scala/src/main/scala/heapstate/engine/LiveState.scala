@@ -11,10 +11,11 @@ import heapstate.io.{SnapshotBuckets, StateFileException}
  *
  * == Versions ==
  * `table` holds the state as of committed version `version`, one [[Entry]] (key and value rows
- * in one array) per key. Committing version `w` (see [[applyCommit]]) first publishes an undo
+ * together) per key, packed into the table's pages. Committing version `w` (see [[applyCommit]]) first publishes an undo
  * entry `undo(w)` (an [[UndoEntry]]): for every key `w` changes, the key's entry as of `w - 1`, or
  * "absent". Only then does it change `table`. Replaying `undo(w)` steps the table back
- * from `w` to `w - 1` ([[rollBackTo]]). When `w - 1` was empty (a query's first batch, a bulk
+ * from `w` to `w - 1` ([[rollBackTo]]). An undo entry holds copies of the prior entries: the
+ * table's pages keep only the live ones. When `w - 1` was empty (a query's first batch, a bulk
  * load), `undo(w)` is the marker [[UndoEntry.FromEmpty]] instead of one record per key: stepping
  * back clears the table, and every key present after `w` is one that changed after `w - 1`.
  *
@@ -78,7 +79,8 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     prefixOf.map(_ => new JHashMap[Key, JHashSet[Key]]())
 
   @volatile var version: Long = initialVersion
-  @volatile private var liveBytes = 0L
+  /** Heap of the prefix index; the entries' is the table's own count. */
+  @volatile private var prefixBytes = 0L
   @volatile private var undoBytes = 0L
   /**
    * At least the newest version in `undo`, written right after each undo entry is published: a
@@ -96,31 +98,41 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   def numKeys: Long = if (pending != null) pendingKeys else table.size
   def memoryBytes: Long = {
     val p = pending
-    liveBytes + undoBytes + table.tableBytes + (if (p == null) 0 else p.heldBytes)
+    table.heapBytes + prefixBytes + undoBytes + (if (p == null) 0 else p.heldBytes)
   }
   /**
    * [[memoryBytes]] counted afresh from the table, the prefix index and the undo log, where
-   * [[memoryBytes]] keeps running counts; tests hold the one to the other. The writer's thread only.
+   * [[memoryBytes]] keeps running counts; tests hold the one to the other. It also checks the
+   * table's own counts against its slots ([[EntryTable.checkAccounts]]) and throws if they differ.
+   * The writer's thread only.
    */
   private[heapstate] def memoryBytesRecounted: Long = {
-    var counted = 0L
-    table.foreach(e => counted += MemoryModel.liveEntry(e))
+    table.checkAccounts() // each page's live bytes and the live total, against the slots
+    var counted = table.heapBytesRecounted
     byPrefix.foreach(_.values().forEach(set => counted += MemoryModel.prefixMember * set.size))
     undo.values().forEach(u => if (u ne UndoEntry.FromEmpty) counted += u.recountBytes)
     val p = pending
-    counted + table.tableBytes + (if (p == null) 0 else p.heldBytes)
+    counted + (if (p == null) 0 else p.heldBytes)
   }
   /** Whether every key is in `table` (no snapshot bucket is still to load). */
   def isFullyLoaded: Boolean = pending == null
   /** How many buckets of a snapshot are still to load. */
   def bucketsPending: Long = { val p = pending; if (p == null) 0 else p.remaining }
-  def contains(key: Key): Boolean = get(key) != null
-  /** The entry of the key `length` bytes at `base`/`offset` (hashing to `hash`), or null. */
-  def get(base: AnyRef, offset: Long, length: Int, hash: Int): Array[Byte] = {
+  def contains(key: Key): Boolean = get(key) != EntryTable.NoEntry
+  /**
+   * The address in `table` of the entry of the key `length` bytes at `base`/`offset` (hashing to
+   * `hash`), or [[EntryTable.NoEntry]]; [[pageOf]] and [[offsetOf]] locate its bytes.
+   */
+  def get(base: AnyRef, offset: Long, length: Int, hash: Int): Long = {
     val p = pending
-    if (p == null) table.get(base, offset, length, hash) else getPending(p, base, offset, length, hash)
+    if (p == null) table.find(base, offset, length, hash) else getPending(p, base, offset, length, hash)
   }
-  def get(key: Key): Array[Byte] = get(key.bytes, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.bytes.length, key.hashCode)
+  def get(key: Key): Long = get(key.bytes, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.bytes.length, key.hashCode)
+
+  /** The page holding the entry at `address` (from [[get]], with no change to the state since). */
+  def pageOf(address: Long): Array[Byte] = table.pageOf(address)
+  /** The entry's first byte in [[pageOf]]. */
+  def offsetOf(address: Long): Int = table.offsetOf(address)
 
   /**
    * [[get]] while snapshot `p` is loading (see "Loading lazily"): the table, when it has the key;
@@ -128,26 +140,29 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
    * in a bucket decompresses it and copies out this key's entry alone, and a second one (of
    * another key) loads the whole bucket (a bucket asked for again is likely asked for more).
    */
-  private def getPending(p: LiveState.PendingSnapshot, base: AnyRef, offset: Long, length: Int, hash: Int): Array[Byte] =
+  private def getPending(p: LiveState.PendingSnapshot, base: AnyRef, offset: Long, length: Int, hash: Int): Long =
     synchronized {
       if (p.failure != null) throw p.failure
-      val inTable = table.get(base, offset, length, hash)
+      val inTable = table.find(base, offset, length, hash)
       val b = p.buckets.bucketOf(hash)
-      if (inTable != null || (pending ne p) || p.loaded.get(b)) inTable
-      else if (!p.deleted.isEmpty && p.deleted.contains(new KeyProbe(base, offset, length, hash))) null
-      else if (p.probed.get(b)) { load(p, b); table.get(base, offset, length, hash) }
+      if (inTable != EntryTable.NoEntry || (pending ne p) || p.loaded.get(b)) inTable
+      else if (!p.deleted.isEmpty && p.deleted.contains(new KeyProbe(base, offset, length, hash))) EntryTable.NoEntry
+      else if (p.probed.get(b)) { load(p, b); table.find(base, offset, length, hash) }
       else {
         p.probed.set(b)
         val entry = p.buckets.find(b, base, offset, length)
         // Found, it goes into the table, which the bucket's load will not overwrite; not found,
         // the key goes into `deleted`, so that asking again (as a commit does) decompresses nothing.
-        if (entry != null) store(entry, hash) else p.deleted.add(Key.copyOf(base, offset, length, hash))
-        entry
+        if (entry != null) { store(entry, hash); table.find(base, offset, length, hash) }
+        else { p.deleted.add(Key.copyOf(base, offset, length, hash)); EntryTable.NoEntry }
       }
     }
 
-  /** Every entry, once every pending bucket is loaded; with the guarantees of [[EntryTable.foreach]]. */
-  def iterator: Iterator[Array[Byte]] = { loadAll(); table.iterator }
+  /**
+   * Every entry's address, once every pending bucket is loaded, for the owning thread between its
+   * changes (see [[EntryTable.iterator]]).
+   */
+  def iterator: Iterator[Long] = { loadAll(); table.iterator }
 
   /** Loads an entry read from a file (single-threaded, before publication): a snapshot's, or a journal's put. */
   def loadEntry(entry: Array[Byte]): Unit = {
@@ -205,7 +220,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     if ((pending eq p) && !p.loaded.get(b)) {
       val checkDeleted = !p.deleted.isEmpty
       p.buckets.read(b) { (entry, hash) =>
-        val newer = table.getKeyOf(entry, hash) != null
+        val newer = table.findKeyOf(entry, hash) != EntryTable.NoEntry
         if (!newer && !(checkDeleted && p.deleted.contains(new EntryKeyProbe(entry)))) store(entry, hash)
       }
       p.loaded.set(b)
@@ -237,15 +252,14 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     val fromEmpty = pending == null && table.size == 0
     if (fromEmpty) {
       val added = values.count(v => !Tombstone.is(v)).toLong
-      new PreparedCommit(version + 1, keys, values, null, null, null, 0, UndoEntry.FromEmpty, 0L, added)
+      new PreparedCommit(version + 1, keys, values, null, null, 0, UndoEntry.FromEmpty, 0L, added)
     } else {
       // A whole table does not change while it is looked up, so the slot each key was found in
       // still holds it when the commit applies (unless a resize moves it; see applyCommit). A
       // table still loading may load buckets on a look-up: no slots are kept then.
       val whole = pending == null
       val slots = if (whole) new Array[Int](n) else null
-      val priors = new Array[Array[Byte]](n)
-      val priorBytes = new Array[Long](n)
+      val priors = new Array[Long](n)
       val stamp = table.stamp
       val entry = UndoEntry.forKeys(n)
       var entryBytes = entry.tableBytes
@@ -256,15 +270,17 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
         val prior = if (whole) {
           val slot = table.slotOf(key)
           slots(i) = slot
-          if (slot >= 0) table.entryAt(slot) else null
+          if (slot >= 0) table.addressAt(slot) else EntryTable.NoEntry
         } else get(key)
         priors(i) = prior
-        entry.record(prior, values(i), key.hashCode)
-        if (prior != null) { priorBytes(i) = MemoryModel.liveEntry(prior); entryBytes += priorBytes(i) }
-        delta += ChangeSet.keyDelta(prior != null, values(i))
+        // The undo entry keeps a copy: the table drops a page once none of its entries is live.
+        val copy = if (prior == EntryTable.NoEntry) null else table.copyOf(prior)
+        entry.record(copy, values(i), key.hashCode)
+        if (copy != null) entryBytes += MemoryModel.liveEntry(copy)
+        delta += ChangeSet.keyDelta(copy != null, values(i))
         i += 1
       }
-      new PreparedCommit(version + 1, keys, values, slots, priors, priorBytes, stamp, entry, entryBytes, delta)
+      new PreparedCommit(version + 1, keys, values, slots, priors, stamp, entry, entryBytes, delta)
     }
   }
 
@@ -289,27 +305,25 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     val keys = prepared.keys
     val values = prepared.values
     val slots = prepared.slots
-    var replacedBytes = 0L
     var i = 0
-    while (i < keys.length) { // the change set's own entries go into the table, uncopied
+    while (i < keys.length) { // the table copies the change set's entries into its pages
       val key = keys(i)
       val changed = values(i)
       if (Tombstone.is(changed)) remove(key.bytes, key.hashCode)
       else {
-        val prior = if (slots != null && slots(i) >= 0) prepared.priors(i) else null
-        if (prior != null && table.replaceAt(slots(i), prepared.stamp, prior, changed)) {
-          // The prior's size was read when it was looked up: by now its array is likely out of
-          // the cache (the journal was written in between), and at millions of keys a read is a miss.
-          replacedBytes += MemoryModel.liveEntry(changed) - prepared.priorBytes(i)
-        } else store(changed, key.hashCode)
+        val found = slots != null && slots(i) >= 0
+        if (!(found && table.replaceAt(slots(i), prepared.stamp, prepared.priors(i), changed))) store(changed, key.hashCode)
       }
       i += 1
     }
-    liveBytes += replacedBytes
     if (pending != null) pendingKeys += prepared.keyDelta
     version = newVersion
     dropUndoUpTo(keepUndoAbove)
+    compactedBytes += table.compact()
   }
+
+  /** Bytes of entries the table's compaction has moved (see [[EntryTable.compact]]), in all. */
+  @volatile var compactedBytes = 0L
 
   /** Whether undo entries cover every version in (target, version]. */
   def canRollBackTo(target: Long): Boolean =
@@ -321,12 +335,12 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
       val entry = undo.remove(version)
       forgetUndoBytes(version)
       if (entry eq UndoEntry.FromEmpty) {
-        table.clear(); byPrefix.foreach(_.clear()); liveBytes = 0
+        table.clear(); byPrefix.foreach(_.clear()); prefixBytes = 0
       }
       val counting = pending != null // the commit looked up every key of `entry`: the table knows them
       entry.foreach { (recorded, hash, wasAbsent) =>
         if (counting) {
-          pendingKeys += ChangeSet.keyDelta(table.getKeyOf(recorded, hash) != null, if (wasAbsent) Tombstone.bytes else recorded)
+          pendingKeys += ChangeSet.keyDelta(table.findKeyOf(recorded, hash) != EntryTable.NoEntry, if (wasAbsent) Tombstone.bytes else recorded)
         }
         if (wasAbsent) remove(Entry.key(recorded), hash) else store(recorded, hash)
       }
@@ -349,15 +363,13 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     if (bytes != null) undoBytes -= bytes
   }
 
-  /** Stores `entry` (its key hashing to `hash`) in the table, and its key in the prefix index. */
+  /** Stores a copy of `entry` (its key hashing to `hash`) in the table, and its key in the prefix index. */
   private def store(entry: Array[Byte], hash: Int): Unit = {
     val previous = table.put(entry, hash)
-    if (previous != null) liveBytes -= MemoryModel.liveEntry(previous)
-    liveBytes += MemoryModel.liveEntry(entry)
-    if (previous == null) byPrefix.foreach { index =>
+    if (previous < 0) byPrefix.foreach { index =>
       val key = new Key(Entry.key(entry), hash)
       index.computeIfAbsent(prefixOf.get(key.bytes), _ => new JHashSet[Key]()).add(key)
-      liveBytes += MemoryModel.prefixMember
+      prefixBytes += MemoryModel.prefixMember
     }
   }
 
@@ -369,14 +381,11 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     val p = pending
     if (p != null && !p.loaded.get(p.buckets.bucketOf(hash))) p.deleted.add(new Key(key, hash))
     val previous = table.remove(key, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.length, hash)
-    if (previous != null) {
-      liveBytes -= MemoryModel.liveEntry(previous)
-      byPrefix.foreach { index =>
-        val prefix = prefixOf.get(key)
-        val set = index.get(prefix)
-        if (set != null) { set.remove(new Key(key, hash)); if (set.isEmpty) index.remove(prefix) }
-        liveBytes -= MemoryModel.prefixMember
-      }
+    if (previous >= 0) byPrefix.foreach { index =>
+      val prefix = prefixOf.get(key)
+      val set = index.get(prefix)
+      if (set != null) { set.remove(new Key(key, hash)); if (set.isEmpty) index.remove(prefix) }
+      prefixBytes -= MemoryModel.prefixMember
     }
   }
 
@@ -391,27 +400,28 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   /**
    * Emits the state as of committed version `s` (<= `version`), as described in the class
    * comment, while commits may go on. The caller holds the snapshot lock and keeps undo entries
-   * above `s` alive until this returns. `emit` gets each entry with its key's hash, which the
-   * view computes once for its own look-ups and the snapshot's buckets.
+   * above `s` alive until this returns. `emit` gets each entry (an array and the entry's offset in
+   * it, a table page's or an undo record's, bytes that never change) with its key's hash, which
+   * the view computes once for its own look-ups and the snapshot's buckets.
    */
-  def writeSnapshotView(s: Long, emit: (Array[Byte], Int) => Unit): Unit = {
+  def writeSnapshotView(s: Long, emit: (Array[Byte], Int, Int) => Unit): Unit = {
     require(pending == null, "a snapshot view of a state whose snapshot is still loading")
     val later = undo.tailMap(s, false)
     // The entry was read before this; the fence keeps the read of `undoTop` after it, so that an
     // entry a commit after `s` stored is always followed by seeing that commit's `undoTop`.
-    def changedAfterS(entry: Array[Byte], hash: Int): Boolean = {
+    def changedAfterS(page: Array[Byte], at: Int, hash: Int): Boolean = {
       java.lang.invoke.VarHandle.loadLoadFence()
       undoTop > s && {
         val it = later.values().iterator()
         var found = false
-        while (!found && it.hasNext) { val u = it.next(); found = (u eq UndoEntry.FromEmpty) || u.containsKeyOf(entry, hash) }
+        while (!found && it.hasNext) { val u = it.next(); found = (u eq UndoEntry.FromEmpty) || u.containsKeyOf(page, at, hash) }
         found
       }
     }
     // The entry is taken first, then the undo log is consulted (see the class comment).
-    table.foreach { entry =>
-      val hash = Entry.keyHash(entry) // from the entry, not the table's hashes, which a resize may replace meanwhile
-      if (!changedAfterS(entry, hash)) emit(entry, hash)
+    table.foreach { (page, at) =>
+      val hash = Entry.keyHash(page, at) // the slot keeps only part of it
+      if (!changedAfterS(page, at, hash)) emit(page, at, hash)
     }
     // A key's record in the first of these entries that has the key holds its value at `s`.
     val earlier = scala.collection.mutable.ArrayBuffer.empty[UndoEntry]
@@ -427,7 +437,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
       if (u eq UndoEntry.FromEmpty) emptied = true
       else {
         u.foreach { (recorded, hash, wasAbsent) =>
-          if (!wasAbsent && !recordedEarlier(recorded, hash)) emit(recorded, hash)
+          if (!wasAbsent && !recordedEarlier(recorded, hash)) emit(recorded, 0, hash)
         }
         earlier += u
       }
@@ -464,10 +474,8 @@ final class PreparedCommit private[engine] (
     private[engine] val values: Array[Array[Byte]],
     /** For each key, the table slot it was found in, or -1; null when no slots were kept. */
     private[engine] val slots: Array[Int],
-    /** For each key, the entry the look-up found (null: none, or not looked up yet). */
-    private[engine] val priors: Array[Array[Byte]],
-    /** For each key, [[MemoryModel.liveEntry]] of its prior, or 0; null where `priors` is. */
-    private[engine] val priorBytes: Array[Long],
+    /** For each key, the address of the entry the look-up found, or [[EntryTable.NoEntry]]. */
+    private[engine] val priors: Array[Long],
     /** The table's [[EntryTable.stamp]] when the slots were found. */
     private[engine] val stamp: Int,
     private[engine] val undoEntry: UndoEntry,

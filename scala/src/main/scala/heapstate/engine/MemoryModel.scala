@@ -3,13 +3,16 @@ package heapstate.engine
 /**
  * Estimates of the heap that heapstate's structures hold, for `memoryUsedBytes`. They follow the
  * layouts of a 64-bit HotSpot JVM with compressed oops (12-byte object headers, 8-byte alignment)
- * and are kept per entry as entries come and go, so reporting costs nothing.
+ * and are kept as running counts as entries come and go, so reporting costs nothing.
  */
 object MemoryModel {
   private def array(length: Int): Long = align(16L + length)
   private def align(n: Long): Long = (n + 7) & ~7L
 
-  /** One [[Entry]] array; the table's slots are counted by [[EntryTable.tableBytes]]. */
+  /**
+   * One [[Entry]] array of its own (an undo record's, a change's). The live table's entries are in
+   * its pages, which [[EntryTable.heapBytes]] counts.
+   */
   def liveEntry(entry: Array[Byte]): Long = array(entry.length)
 
   /**

@@ -363,7 +363,7 @@ final class StateEngine(
         val pace: Int => Unit =
           if (force) _ => ()
           else new SnapshotPacer(SnapshotPacer.DefaultDutyCycle, () => snapshotLockWanted).wrote
-        val bytes = files.writeSnapshot(s, settings.codec, settings.snapshotBucketBytes, id, pace)(w => st.writeSnapshotView(s, w.putEntry(_, _)))
+        val bytes = files.writeSnapshot(s, settings.codec, settings.snapshotBucketBytes, id, pace)(w => st.writeSnapshotView(s, w.putEntry(_, _, _)))
         newestSnapshot = math.max(newestSnapshot, s)
         log.info(f"Wrote snapshot of version $s for ${files.dir}: $bytes%d bytes in " +
           f"${(System.nanoTime() - started) / 1e6}%.0f ms")

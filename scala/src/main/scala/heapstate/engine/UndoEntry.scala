@@ -6,7 +6,7 @@ import org.apache.spark.unsafe.Platform
  * One version's undo entry (see [[LiveState]]): for every key the version changed, the key's entry
  * before the version, or the fact that the key was absent.
  *
- * It is a small open-addressing table of entry arrays, with no key object, key copy or map node
+ * It is a small open-addressing table of entry arrays (copies: the live table keeps none), with no key object, key copy or map node
  * per key (a `HashMap[Key, ...]` kept all three alive): a record costs two slots (a reference and
  * a hash) and keeps its prior entry alive. Undo entries are kept for every version above a
  * snapshot being written, and young collections copy each of their objects until they are old.
@@ -47,16 +47,19 @@ final class UndoEntry private (capacity: Int) {
     var i = hash & mask
     var e = entries(i)
     while (e != null) {
-      if (hashes(i) == hash && Entry.keyEquals(e, base, offset, length)) return true
+      if (hashes(i) == hash && Entry.keyEquals(e, 0, base, offset, length)) return true
       i = (i + 1) & mask
       e = entries(i)
     }
     false
   }
 
-  /** Whether the key of `entry` (hashing to `hash`) is recorded. */
-  def containsKeyOf(entry: Array[Byte], hash: Int): Boolean =
-    contains(entry, Platform.BYTE_ARRAY_OFFSET + Entry.keyStart, Entry.keyLength(entry), hash)
+  /** Whether the key of the entry at `b`/`at` (hashing to `hash`) is recorded. */
+  def containsKeyOf(b: Array[Byte], at: Int, hash: Int): Boolean =
+    contains(b, Platform.BYTE_ARRAY_OFFSET + Entry.keyStart(at), Entry.keyLength(b, at), hash)
+
+  /** Whether the key of the entry array `entry` (hashing to `hash`) is recorded. */
+  def containsKeyOf(entry: Array[Byte], hash: Int): Boolean = containsKeyOf(entry, 0, hash)
 
   /**
    * Calls `f` with every record: an entry holding the key, the key's hash, and whether the key was

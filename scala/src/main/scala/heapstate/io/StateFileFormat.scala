@@ -239,12 +239,16 @@ final class StateFileWriter(raw: OutputStream, header: StateFileFormat.Header) {
     records += 1
   }
 
-  /** Writes a put record from an entry `[key length: i32][key][value]` (see `heapstate.engine.Entry`). */
+  /**
+   * Writes a put record from an entry array `[key length: i32][value length: i32][key][value]`
+   * (see `heapstate.engine.Entry`).
+   */
   def putEntry(entry: Array[Byte]): Unit = {
     val keyLength = org.apache.spark.unsafe.Platform.getInt(entry, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET)
+    val valueLength = entry.length - 8 - keyLength
     out.writeByte(RecordPut)
-    out.writeInt(keyLength); out.write(entry, 4, keyLength)
-    out.writeInt(entry.length - 4 - keyLength); out.write(entry, 4 + keyLength, entry.length - 4 - keyLength)
+    out.writeInt(keyLength); out.write(entry, 8, keyLength)
+    out.writeInt(valueLength); out.write(entry, 8 + keyLength, valueLength)
     records += 1
   }
 
@@ -272,7 +276,7 @@ final class StateFileWriter(raw: OutputStream, header: StateFileFormat.Header) {
 
 /**
  * Writes one snapshot to `raw`, bucketed (see [[StateFileFormat]]). `putEntry` only collects
- * the entries (immutable arrays, not copied); `finish` groups them by bucket, drops a key given
+ * where the entries are (bytes that never change, not copied); `finish` groups them by bucket, drops a key given
  * twice (a snapshot view may emit a key twice, with the same value), compresses each bucket on
  * its own and writes it. Buckets hold at most about `bucketBytes` of records each, before
  * compression. `pace` is called with the bytes of each entry collected and of each bucket
@@ -284,35 +288,45 @@ final class SnapshotFileWriter(raw: OutputStream, header: StateFileFormat.Header
   import org.apache.spark.unsafe.Platform.{BYTE_ARRAY_OFFSET => Base}
   require(header.kind == KindSnapshot && header.format == FormatVersion, "a snapshot in the current format")
 
-  private var entries = new Array[Array[Byte]](1024)
+  /** Each entry's array and its offset there (see `heapstate.engine.Entry`). */
+  private var bases = new Array[Array[Byte]](1024)
+  private var offsets = new Array[Int](1024)
   private var hashes = new Array[Int](1024)
   private var count = 0
   private var rawBytes = 0L
   /** Where [[finish]] leaves the lengths it read ahead, so that the compiler keeps those reads. */
   private var readAheadSum = 0
 
-  /** Adds an entry `[key length: i32][key][value]` (see `heapstate.engine.Entry`); the array must not change. */
-  def putEntry(entry: Array[Byte]): Unit =
-    putEntry(entry, keyHash(entry, Base + 4, org.apache.spark.unsafe.Platform.getInt(entry, Base)))
-
-  /** [[putEntry]] for a caller that has the key's hash ([[StateFileFormat.keyHash]] of its bytes) already. */
-  def putEntry(entry: Array[Byte], hash: Int): Unit = {
-    if (count == entries.length) {
-      entries = java.util.Arrays.copyOf(entries, count * 2)
+  /**
+   * Adds the entry `[key length: i32][value length: i32][key][value]` at offset `at` of `b` (see
+   * `heapstate.engine.Entry`), whose key hashes to `hash` ([[StateFileFormat.keyHash]] of its
+   * bytes); those bytes must not change.
+   */
+  def putEntry(b: Array[Byte], at: Int, hash: Int): Unit = {
+    if (count == bases.length) {
+      bases = java.util.Arrays.copyOf(bases, count * 2)
+      offsets = java.util.Arrays.copyOf(offsets, count * 2)
       hashes = java.util.Arrays.copyOf(hashes, count * 2)
     }
-    entries(count) = entry
+    bases(count) = b
+    offsets(count) = at
     hashes(count) = hash
     count += 1
-    rawBytes += 1 + 4 + entry.length // the record adds a type byte and the value's length
-    pace(entry.length)
+    val length = SnapshotFileWriter.entryLength(b, at)
+    rawBytes += 1 + length // the record adds a type byte
+    pace(length)
   }
 
+  /** Adds an entry array (offset 0); see the other `putEntry`. */
+  def putEntry(entry: Array[Byte]): Unit =
+    putEntry(entry, 0, keyHash(entry, Base + 8, org.apache.spark.unsafe.Platform.getInt(entry, Base)))
+
   def put(key: Array[Byte], value: Array[Byte]): Unit = {
-    val e = new Array[Byte](4 + key.length + value.length)
+    val e = new Array[Byte](8 + key.length + value.length)
     org.apache.spark.unsafe.Platform.putInt(e, Base, key.length)
-    System.arraycopy(key, 0, e, 4, key.length)
-    System.arraycopy(value, 0, e, 4 + key.length, value.length)
+    org.apache.spark.unsafe.Platform.putInt(e, Base + 4, value.length)
+    System.arraycopy(key, 0, e, 8, key.length)
+    System.arraycopy(value, 0, e, 8 + key.length, value.length)
     putEntry(e)
   }
 
@@ -355,17 +369,22 @@ final class SnapshotFileWriter(raw: OutputStream, header: StateFileFormat.Header
         var len = 0
         var records = 0
         while (i < starts(b + 1)) {
-          if (i + SnapshotFileWriter.ReadAhead < count) ahead += entries(at(i + SnapshotFileWriter.ReadAhead)).length
-          val e = entries(at(i))
+          if (i + SnapshotFileWriter.ReadAhead < count) {
+            val j = at(i + SnapshotFileWriter.ReadAhead)
+            ahead += org.apache.spark.unsafe.Platform.getInt(bases(j), Base + offsets(j))
+          }
+          val e = bases(at(i))
+          val o = offsets(at(i))
           if (!repeated(order, i)) {
-            val keyLength = org.apache.spark.unsafe.Platform.getInt(e, Base)
-            val need = len + 9 + e.length - 4
+            val keyLength = org.apache.spark.unsafe.Platform.getInt(e, Base + o)
+            val valueLength = org.apache.spark.unsafe.Platform.getInt(e, Base + o + 4)
+            val need = len + 9 + keyLength + valueLength
             if (need > block.length) block = java.util.Arrays.copyOf(block, math.max(need, block.length * 2))
             block(len) = RecordPut
             putIntBE(block, len + 1, keyLength)
-            System.arraycopy(e, 4, block, len + 5, keyLength)
-            putIntBE(block, len + 5 + keyLength, e.length - 4 - keyLength)
-            System.arraycopy(e, 4 + keyLength, block, len + 9 + keyLength, e.length - 4 - keyLength)
+            System.arraycopy(e, o + 8, block, len + 5, keyLength)
+            putIntBE(block, len + 5 + keyLength, valueLength)
+            System.arraycopy(e, o + 8 + keyLength, block, len + 9 + keyLength, valueLength)
             len = need
             records += 1
           }
@@ -392,7 +411,7 @@ final class SnapshotFileWriter(raw: OutputStream, header: StateFileFormat.Header
     footer.putLong(keys).putInt(bits).putInt(IndexMagic)
     out.write(footer.array())
     out.flush()
-    entries = null // what the writer collected is no longer needed
+    bases = null // what the writer collected is no longer needed
     writeTrailer(raw, body.count, body.crc.getValue.toInt)
     HeaderBytes + body.count + TrailerBytes
   }
@@ -405,12 +424,14 @@ final class SnapshotFileWriter(raw: OutputStream, header: StateFileFormat.Header
     val h = order(i) >>> 32
     var j = i - 1
     if (j < 0 || (order(j) >>> 32) != h) return false
-    val e = entries(order(i).toInt)
-    val keyLength = org.apache.spark.unsafe.Platform.getInt(e, Base)
+    val e = bases(order(i).toInt)
+    val eAt = offsets(order(i).toInt)
+    val keyLength = org.apache.spark.unsafe.Platform.getInt(e, Base + eAt)
     while (j >= 0 && (order(j) >>> 32) == h) {
-      val o = entries(order(j).toInt)
-      if (org.apache.spark.unsafe.Platform.getInt(o, Base) == keyLength &&
-        org.apache.spark.unsafe.array.ByteArrayMethods.arrayEquals(e, Base + 4, o, Base + 4, keyLength)) return true
+      val o = bases(order(j).toInt)
+      val oAt = offsets(order(j).toInt)
+      if (org.apache.spark.unsafe.Platform.getInt(o, Base + oAt) == keyLength &&
+        org.apache.spark.unsafe.array.ByteArrayMethods.arrayEquals(e, Base + eAt + 8, o, Base + oAt + 8, keyLength)) return true
       j -= 1
     }
     false
@@ -426,6 +447,12 @@ object SnapshotFileWriter {
    * heapstate.bench.SnapshotWrite`), a snapshot took 305 to 313 ms instead of 365 to 372.
    */
   private val ReadAhead = 12
+
+  /** The length of the entry at `b`/`at`, its header included. */
+  private def entryLength(b: Array[Byte], at: Int): Int = {
+    val base = org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET + at
+    8 + org.apache.spark.unsafe.Platform.getInt(b, base) + org.apache.spark.unsafe.Platform.getInt(b, base + 4)
+  }
 }
 
 /**
@@ -450,7 +477,7 @@ object StateFileReader {
 
   /**
    * Like [[read]], but hands each put record over as one entry array,
-   * `[key length: i32][key][value]` (`heapstate.engine.Entry`'s layout), read straight into
+   * `[key length: i32][value length: i32][key][value]` (`heapstate.engine.Entry`'s layout), read straight into
    * place: recovery allocates one array per key instead of three.
    */
   def readEntries(
@@ -549,7 +576,7 @@ object StateFileReader {
             onPut match {
               case Left(f) =>
                 val keyLength = org.apache.spark.unsafe.Platform.getInt(entry, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET)
-                f(java.util.Arrays.copyOfRange(entry, 4, 4 + keyLength), java.util.Arrays.copyOfRange(entry, 4 + keyLength, entry.length))
+                f(java.util.Arrays.copyOfRange(entry, 8, 8 + keyLength), java.util.Arrays.copyOfRange(entry, 8 + keyLength, entry.length))
               case Right(f) => f(entry)
             }
           }
@@ -577,10 +604,11 @@ object StateFileReader {
         if (keyScratch.length < keyLength) keyScratch = new Array[Byte](keyLength)
         records.readFully(keyScratch, 0, keyLength)
         val valueLength = readLength("value")
-        val entry = new Array[Byte](4 + keyLength + valueLength)
+        val entry = new Array[Byte](8 + keyLength + valueLength)
         org.apache.spark.unsafe.Platform.putInt(entry, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, keyLength)
-        System.arraycopy(keyScratch, 0, entry, 4, keyLength)
-        records.readFully(entry, 4 + keyLength, valueLength)
+        org.apache.spark.unsafe.Platform.putInt(entry, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET + 4, valueLength)
+        System.arraycopy(keyScratch, 0, entry, 8, keyLength)
+        records.readFully(entry, 8 + keyLength, valueLength)
         entry
       }
       var count = 0L
@@ -797,14 +825,14 @@ final class SnapshotBuckets private[io] (
 
   /**
    * Decompresses bucket `b` and calls `onEntry` with each of its entries
-   * (`[key length: i32][key][value]`, a new array each) and the key's hash.
+   * (`heapstate.engine.Entry` arrays, a new one each) and the key's hash.
    */
   def read(b: Int)(onEntry: (Array[Byte], Int) => Unit): Unit = {
     var n = 0
     val records = scan(b) { (raw, pos, keyLength, valueLength) =>
       n += 1
       val entry = entryAt(raw, pos, keyLength, valueLength)
-      val hash = keyHash(entry, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET + 4, keyLength)
+      val hash = keyHash(entry, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET + 8, keyLength)
       if (bucketOf(hash) != b) throw bad(b, s"record $n holds a key of bucket ${bucketOf(hash)}")
       onEntry(entry, hash)
       false
@@ -833,10 +861,11 @@ final class SnapshotBuckets private[io] (
 
   /** A new entry array of the record at `pos` of a decompressed bucket. */
   private def entryAt(raw: Array[Byte], pos: Int, keyLength: Int, valueLength: Int): Array[Byte] = {
-    val entry = new Array[Byte](4 + keyLength + valueLength)
+    val entry = new Array[Byte](8 + keyLength + valueLength)
     org.apache.spark.unsafe.Platform.putInt(entry, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, keyLength)
-    System.arraycopy(raw, pos + 5, entry, 4, keyLength)
-    System.arraycopy(raw, pos + 9 + keyLength, entry, 4 + keyLength, valueLength)
+    org.apache.spark.unsafe.Platform.putInt(entry, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET + 4, valueLength)
+    System.arraycopy(raw, pos + 5, entry, 8, keyLength)
+    System.arraycopy(raw, pos + 9 + keyLength, entry, 8 + keyLength, valueLength)
     entry
   }
 

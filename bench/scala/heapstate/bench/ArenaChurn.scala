@@ -1,0 +1,62 @@
+package heapstate.bench
+
+import org.apache.spark.unsafe.Platform
+
+import heapstate.engine.{ChangeSet, Entry, Key, LiveState}
+
+/**
+ * What a commit costs in the live table, alone: one partition of W1 (`--keys` keys, a 16-byte
+ * key row and a value row of W1's size), then `--commits` commits of `--updates` random updates
+ * each, timed (look-ups, undo records, the table's changes and its compaction). Prints the median
+ * and slowest commit over the second half, the heap the table counts against the live entries,
+ * and the bytes compaction moved per commit.
+ * {{{
+ *   bin/sbt "bench/runMain heapstate.bench.ArenaChurn"
+ *   bin/sbt "bench/runMain heapstate.bench.ArenaChurn --keys 1000000 --updates 2500 --commits 200"
+ * }}}
+ */
+object ArenaChurn {
+  def main(args: Array[String]): Unit = {
+    val opts = args.grouped(2).collect { case Array(k, v) if k.startsWith("--") => k.drop(2) -> v }.toMap
+    val keys = opts.getOrElse("keys", "250000").toInt
+    val updates = opts.getOrElse("updates", "2500").toInt
+    val commits = opts.getOrElse("commits", "200").toInt
+    val valueBytes = opts.getOrElse("value-bytes", "280").toInt // W1's value row: 256 hex chars, a string field, a count
+    val undoVersions = opts.getOrElse("undo-versions", "3").toInt
+    val rnd = new scala.util.Random(7)
+    def keyBytes(k: Int): Array[Byte] = {
+      val b = new Array[Byte](16) // an UnsafeRow of one long: the null bits, then the long
+      Platform.putLong(b, Platform.BYTE_ARRAY_OFFSET + 8, k.toLong)
+      b
+    }
+    def value(): Array[Byte] = { val v = new Array[Byte](valueBytes); rnd.nextBytes(v); v }
+
+    val live = new LiveState(None, 0, keys)
+    val first = new ChangeSet(live)
+    (0 until keys).foreach(k => first.put(Key(keyBytes(k)), Entry(keyBytes(k), value())))
+    live.applyCommit(live.prepareCommit(first), 0)
+    val micros = new Array[Long](commits)
+    val moved = new Array[Long](commits)
+    for (c <- 0 until commits) {
+      val changes = new ChangeSet(live)
+      for (_ <- 0 until updates) {
+        val k = rnd.nextInt(keys)
+        changes.put(Key(keyBytes(k)), Entry(keyBytes(k), value()))
+      }
+      val movedBefore = live.compactedBytes
+      val started = System.nanoTime()
+      live.applyCommit(live.prepareCommit(changes), live.version + 1 - undoVersions)
+      micros(c) = (System.nanoTime() - started) / 1000
+      moved(c) = live.compactedBytes - movedBefore
+    }
+    val tail = micros.drop(commits / 2).sorted
+    val entryBytes = keys.toLong * (8 + 16 + valueBytes)
+    println(f"keys $keys%,d, updates $updates%,d a commit, $commits%,d commits")
+    println(f"commit (second half): median ${tail(tail.length / 2) / 1000.0}%.2f ms, max ${tail.last / 1000.0}%.2f ms")
+    println(f"moved by compaction (second half): ${moved.drop(commits / 2).sum.toDouble / (commits - commits / 2) / 1e6}%.2f MB a commit")
+    System.gc(); System.gc()
+    val heapUsed = java.lang.management.ManagementFactory.getMemoryMXBean.getHeapMemoryUsage.getUsed
+    println(f"page size ${heapstate.engine.EntryTable.PageBytes}%,d bytes; heap used after a full GC ${heapUsed / 1e6}%.1f MB")
+    println(f"memoryBytes ${live.memoryBytes / 1e6}%.1f MB for $entryBytes%,d bytes of entries (${live.memoryBytes.toDouble / entryBytes}%.3fx)")
+  }
+}

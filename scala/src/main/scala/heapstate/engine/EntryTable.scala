@@ -352,10 +352,18 @@ final class EntryTable(expectedKeys: Int = 16) {
    */
   private def nextPageBytes(need: Int): Int = {
     val quarter = heldBytes / 4
-    val size = if (quarter >= PageBytes) PageBytes
+    val size = if (quarter >= PageBytes && !youngPagesOnly) PageBytes
       else math.min(math.max(java.lang.Long.highestOneBit(math.max(quarter, 1L)), MinPageBytes.toLong), YoungPageBytes.toLong).toInt
     math.max(need, size)
   }
+
+  /**
+   * Whether new pages are young-sized whatever the state's size. A state loading a snapshot sets
+   * it: each humongous allocation lets G1 start a marking cycle once the old objects pass its
+   * threshold, which in a JVM that just started is low, and a load appends a whole state's pages
+   * in a few batches. Writer's thread only.
+   */
+  var youngPagesOnly = false
 
   /** The size of the page entries are appended to now (what a new state starts with, before any). */
   def currentPageBytes: Int = if (current < 0) MinPageBytes else pages(current).length

@@ -184,6 +184,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     require(table.size == 0 && pending == null, "a snapshot is loaded into an empty state")
     pending = new LiveState.PendingSnapshot(snapshot)
     pendingKeys = snapshot.keyCount
+    table.youngPagesOnly = true // see EntryTable.youngPagesOnly
     if (snapshot.keyCount == 0) loadAll()
   }
 
@@ -232,6 +233,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
           throw p.failure
         }
         pending = null
+        table.youngPagesOnly = false
         p.buckets.close()
       }
     }

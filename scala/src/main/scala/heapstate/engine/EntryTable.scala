@@ -160,7 +160,8 @@ final class EntryTable(expectedKeys: Int = 16) {
       if (s == Empty || s == Deleted || (s & AddressMask) != expected) false
       else {
         val length = Entry.length(pageOf(expected), offsetOf(expected))
-        val moved = append(entry, Platform.BYTE_ARRAY_OFFSET, entry.length)
+        val keyLength = Entry.keyLength(entry, 0)
+        val moved = appendParts(entry, Entry.HeaderBytes, keyLength, Entry.HeaderBytes + keyLength, entry.length - Entry.HeaderBytes - keyLength)
         setSlot(ss, slot, (s & ~AddressMask) | moved) // the new entry is published before the old one can be dropped
         release(expected, length)
         true
@@ -173,11 +174,19 @@ final class EntryTable(expectedKeys: Int = 16) {
    * the same key; returns the replaced entry's length in bytes, or -1 when the key was absent.
    */
   def put(entry: Array[Byte], hash: Int): Int = {
+    val keyLength = Entry.keyLength(entry, 0)
+    put(entry, Entry.HeaderBytes, keyLength, Entry.HeaderBytes + keyLength, entry.length - Entry.HeaderBytes - keyLength, hash)
+  }
+
+  /**
+   * [[put]] of the entry whose key is `keyLength` bytes at index `keyAt` of `src` and whose value is
+   * `valueLength` bytes at `valueAt` (a record of a decompressed snapshot bucket, say).
+   */
+  def put(src: Array[Byte], keyAt: Int, keyLength: Int, valueAt: Int, valueLength: Int, hash: Int): Int = {
     if (used + 1 > slots.length - (slots.length >>> 2)) resize()
     val ss = slots
     val mask = ss.length - 1
     val tag = tagOf(hash)
-    val keyLength = Entry.keyLength(entry, 0)
     var i = hash & mask
     var free = -1
     var s = ss(i)
@@ -187,10 +196,10 @@ final class EntryTable(expectedKeys: Int = 16) {
       // it again (a chain that wraps past the array's end has its first slots at its high end).
       if (s == Deleted) { if (free < 0 || i < free) free = i }
       else if ((s >>> AddressBits) == tag &&
-        Entry.keyEquals(pageOf(s), offsetOf(s), entry, Platform.BYTE_ARRAY_OFFSET + Entry.HeaderBytes, keyLength)) {
+        Entry.keyEquals(pageOf(s), offsetOf(s), src, Platform.BYTE_ARRAY_OFFSET + keyAt, keyLength)) {
         val old = s & AddressMask
         val length = Entry.length(pageOf(old), offsetOf(old))
-        val moved = append(entry, Platform.BYTE_ARRAY_OFFSET, entry.length)
+        val moved = appendParts(src, keyAt, keyLength, valueAt, valueLength)
         setSlot(ss, i, (tag << AddressBits) | moved)
         release(old, length)
         return length
@@ -198,7 +207,7 @@ final class EntryTable(expectedKeys: Int = 16) {
       i = (i + 1) & mask
       s = ss(i)
     }
-    val address = append(entry, Platform.BYTE_ARRAY_OFFSET, entry.length)
+    val address = appendParts(src, keyAt, keyLength, valueAt, valueLength)
     if (free >= 0) i = free else used += 1
     setSlot(ss, i, (tag << AddressBits) | address)
     live += 1
@@ -326,7 +335,28 @@ final class EntryTable(expectedKeys: Int = 16) {
 
   /** Appends `length` bytes at `base`/`offset` (an entry) to the pages; returns their address. */
   private def append(base: AnyRef, offset: Long, length: Int): Long = {
-    val p = if (length > LargeEntry) newPage(length) else {
+    val p = pageFor(length)
+    val at = pageUsed(p)
+    Platform.copyMemory(base, offset, pages(p), Platform.BYTE_ARRAY_OFFSET + at, length)
+    appended(p, at, length)
+  }
+
+  /** Appends an entry of the key and value at `keyAt` and `valueAt` of `src`, with its header; returns its address. */
+  private def appendParts(src: Array[Byte], keyAt: Int, keyLength: Int, valueAt: Int, valueLength: Int): Long = {
+    val length = Entry.HeaderBytes + keyLength + valueLength
+    val p = pageFor(length)
+    val page = pages(p)
+    val at = pageUsed(p)
+    Platform.putInt(page, Platform.BYTE_ARRAY_OFFSET + at, keyLength)
+    Platform.putInt(page, Platform.BYTE_ARRAY_OFFSET + at + 4, valueLength)
+    System.arraycopy(src, keyAt, page, at + Entry.HeaderBytes, keyLength)
+    System.arraycopy(src, valueAt, page, at + Entry.HeaderBytes + keyLength, valueLength)
+    appended(p, at, length)
+  }
+
+  /** The page an entry of `length` bytes goes to: the current one, a new one, or one of its own. */
+  private def pageFor(length: Int): Int =
+    if (length > LargeEntry) newPage(length) else {
       if (current < 0 || pageUsed(current) + length > pages(current).length) {
         val full = current
         current = newPage(nextPageBytes(length))
@@ -334,8 +364,9 @@ final class EntryTable(expectedKeys: Int = 16) {
       }
       current
     }
-    val at = pageUsed(p)
-    Platform.copyMemory(base, offset, pages(p), Platform.BYTE_ARRAY_OFFSET + at, length)
+
+  /** Counts `length` bytes appended at `at` of page `p`; returns their address. */
+  private def appended(p: Int, at: Int, length: Int): Long = {
     pageUsed(p) += length
     pageLive(p) += length
     liveBytes += length

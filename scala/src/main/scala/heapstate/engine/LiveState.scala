@@ -220,9 +220,14 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     if (p.failure != null) throw p.failure
     if ((pending eq p) && !p.loaded.get(b)) {
       val checkDeleted = !p.deleted.isEmpty
-      p.buckets.read(b) { (entry, hash) =>
-        val newer = table.findKeyOf(entry, hash) != EntryTable.NoEntry
-        if (!newer && !(checkDeleted && p.deleted.contains(new EntryKeyProbe(entry)))) store(entry, hash)
+      // Straight from the decompressed bucket into the table's pages: no array per key.
+      p.buckets.readRecords(b) { (raw, keyAt, keyLength, valueAt, valueLength, hash) =>
+        val keyOffset = org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET + keyAt
+        val newer = table.find(raw, keyOffset, keyLength, hash) != EntryTable.NoEntry
+        if (!newer && !(checkDeleted && p.deleted.contains(new KeyProbe(raw, keyOffset, keyLength, hash)))) {
+          val previous = table.put(raw, keyAt, keyLength, valueAt, valueLength, hash)
+          if (previous < 0) indexPrefix(java.util.Arrays.copyOfRange(raw, keyAt, keyAt + keyLength), hash)
+        }
       }
       p.loaded.set(b)
       p.remaining -= 1
@@ -368,11 +373,14 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   /** Stores a copy of `entry` (its key hashing to `hash`) in the table, and its key in the prefix index. */
   private def store(entry: Array[Byte], hash: Int): Unit = {
     val previous = table.put(entry, hash)
-    if (previous < 0) byPrefix.foreach { index =>
-      val key = new Key(Entry.key(entry), hash)
-      index.computeIfAbsent(prefixOf.get(key.bytes), _ => new JHashSet[Key]()).add(key)
-      prefixBytes += MemoryModel.prefixMember
-    }
+    if (previous < 0 && byPrefix.isDefined) indexPrefix(Entry.key(entry), hash)
+  }
+
+  /** Adds a new key (its bytes, hashing to `hash`) to the prefix index, if there is one. */
+  private def indexPrefix(keyBytes: Array[Byte], hash: Int): Unit = byPrefix.foreach { index =>
+    val key = new Key(keyBytes, hash)
+    index.computeIfAbsent(prefixOf.get(key.bytes), _ => new JHashSet[Key]()).add(key)
+    prefixBytes += MemoryModel.prefixMember
   }
 
   /**

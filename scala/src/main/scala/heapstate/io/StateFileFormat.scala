@@ -827,14 +827,23 @@ final class SnapshotBuckets private[io] (
    * Decompresses bucket `b` and calls `onEntry` with each of its entries
    * (`heapstate.engine.Entry` arrays, a new one each) and the key's hash.
    */
-  def read(b: Int)(onEntry: (Array[Byte], Int) => Unit): Unit = {
+  def read(b: Int)(onEntry: (Array[Byte], Int) => Unit): Unit =
+    readRecords(b) { (raw, keyAt, keyLength, valueAt, valueLength, hash) =>
+      onEntry(entryAt(raw, keyAt - 5, keyLength, valueLength), hash)
+    }
+
+  /**
+   * Decompresses bucket `b` and calls `onRecord` with each record where it lies in the decompressed
+   * bucket (valid only during the call): the key's and the value's index and length, and the key's
+   * hash. Nothing is allocated per record. The same checks as [[read]].
+   */
+  def readRecords(b: Int)(onRecord: SnapshotBuckets.RecordVisitor): Unit = {
     var n = 0
     val records = scan(b) { (raw, pos, keyLength, valueLength) =>
       n += 1
-      val entry = entryAt(raw, pos, keyLength, valueLength)
-      val hash = keyHash(entry, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET + 8, keyLength)
+      val hash = keyHash(raw, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET + pos + 5, keyLength)
       if (bucketOf(hash) != b) throw bad(b, s"record $n holds a key of bucket ${bucketOf(hash)}")
-      onEntry(entry, hash)
+      onRecord(raw, pos + 5, keyLength, pos + 9 + keyLength, valueLength, hash)
       false
     }
     if (records != index(3 * b + 2)) { // never -1: the visitor never stops the scan
@@ -912,9 +921,14 @@ final class SnapshotBuckets private[io] (
   override def close(): Unit = cleanable.clean()
 }
 
-private object SnapshotBuckets {
+object SnapshotBuckets {
+  /** What [[SnapshotBuckets.readRecords]] calls with each record (primitive arguments: no boxing). */
+  trait RecordVisitor {
+    def apply(raw: Array[Byte], keyAt: Int, keyLength: Int, valueAt: Int, valueLength: Int, hash: Int): Unit
+  }
+
   /** The codec, closed by the cleaner: it must not refer to its [[SnapshotBuckets]]. */
-  final class CodecHolder(val blocks: BlockCodec) extends Runnable {
+  private[io] final class CodecHolder(val blocks: BlockCodec) extends Runnable {
     override def run(): Unit = blocks.close()
   }
 }

@@ -476,6 +476,9 @@ final class EntryTable(expectedKeys: Int = 16) {
     moved
   }
 
+  /** Forgets the bytes appended since the last [[compact]], so that they do not raise the next one's budget. */
+  def skipCompaction(): Unit = appendedSinceCompaction = 0
+
   /** The page with the smallest share of live bytes, if below [[EntryTable.MaxVictimLive]]; else -1. */
   private def victim(): Int = {
     var best = -1

@@ -326,7 +326,9 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     if (pending != null) pendingKeys += prepared.keyDelta
     version = newVersion
     dropUndoUpTo(keepUndoAbove)
-    compactedBytes += table.compact()
+    // A state still loading its snapshot does not compact: its first batches after a restart stay
+    // light, and the garbage journals left is moved at the usual pace once the load is done.
+    if (pending == null) compactedBytes += table.compact() else table.skipCompaction()
   }
 
   /** Bytes of entries the table's compaction has moved (see [[EntryTable.compact]]), in all. */

@@ -8,8 +8,9 @@ import heapstate.engine.{ChangeSet, Entry, Key, LiveState}
  * What a commit costs in the live table, alone: one partition of W1 (`--keys` keys, a 16-byte
  * key row and a value row of W1's size), then `--commits` commits of `--updates` random updates
  * each, timed (look-ups, undo records, the table's changes and its compaction). Prints the median
- * and slowest commit over the second half, the heap the table counts against the live entries,
- * and the bytes compaction moved per commit.
+ * and slowest commit over the second half, the bytes compaction moved per commit, and the heap
+ * (`memoryBytes`, and the JVM's after a full GC) against the live entries. Run it in a JVM of
+ * its own (`bin/sbt` forks one).
  * {{{
  *   bin/sbt "bench/runMain heapstate.bench.ArenaChurn"
  *   bin/sbt "bench/runMain heapstate.bench.ArenaChurn --keys 1000000 --updates 2500 --commits 200"
@@ -35,6 +36,7 @@ object ArenaChurn {
     val first = new ChangeSet(live)
     (0 until keys).foreach(k => first.put(Key(keyBytes(k)), Entry(keyBytes(k), value())))
     live.applyCommit(live.prepareCommit(first), 0)
+    first.release() // the table holds copies; the change set must not keep its entries alive
     val micros = new Array[Long](commits)
     val moved = new Array[Long](commits)
     for (c <- 0 until commits) {

@@ -1,8 +1,6 @@
 package heapstate.bench
 
-import org.apache.spark.unsafe.Platform
-
-import heapstate.engine.{ChangeSet, Entry, Key, LiveState}
+import heapstate.engine.{ChangeSet, Entry, Key}
 
 /**
  * What a commit costs in the live table, alone: one partition of W1 (`--keys` keys, a 16-byte
@@ -18,25 +16,12 @@ import heapstate.engine.{ChangeSet, Entry, Key, LiveState}
  */
 object ArenaChurn {
   def main(args: Array[String]): Unit = {
-    val opts = args.grouped(2).collect { case Array(k, v) if k.startsWith("--") => k.drop(2) -> v }.toMap
-    val keys = opts.getOrElse("keys", "250000").toInt
+    val opts = BenchStores.options(args)
+    val store = OneStore(opts, defaultValueBytes = 280) // W1's value row: 256 hex chars, a string field, a count
+    import store.{keyBytes, keys, live, rnd, value, valueBytes}
     val updates = opts.getOrElse("updates", "2500").toInt
     val commits = opts.getOrElse("commits", "200").toInt
-    val valueBytes = opts.getOrElse("value-bytes", "280").toInt // W1's value row: 256 hex chars, a string field, a count
     val undoVersions = opts.getOrElse("undo-versions", "3").toInt
-    val rnd = new scala.util.Random(7)
-    def keyBytes(k: Int): Array[Byte] = {
-      val b = new Array[Byte](16) // an UnsafeRow of one long: the null bits, then the long
-      Platform.putLong(b, Platform.BYTE_ARRAY_OFFSET + 8, k.toLong)
-      b
-    }
-    def value(): Array[Byte] = { val v = new Array[Byte](valueBytes); rnd.nextBytes(v); v }
-
-    val live = new LiveState(None, 0, keys)
-    val first = new ChangeSet(live)
-    (0 until keys).foreach(k => first.put(Key(keyBytes(k)), Entry(keyBytes(k), value())))
-    live.applyCommit(live.prepareCommit(first), 0)
-    first.release() // the table holds copies; the change set must not keep its entries alive
     val micros = new Array[Long](commits)
     val moved = new Array[Long](commits)
     for (c <- 0 until commits) {

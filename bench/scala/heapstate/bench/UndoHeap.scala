@@ -2,9 +2,7 @@ package heapstate.bench
 
 import java.lang.management.ManagementFactory
 
-import org.apache.spark.unsafe.Platform
-
-import heapstate.engine.{ChangeSet, Entry, Key, LiveState, MemoryModel}
+import heapstate.engine.{ChangeSet, Entry, Key, MemoryModel}
 
 /**
  * The heap an undo log holds, measured: one partition of W1 (`--keys` keys, a 16-byte key row
@@ -21,24 +19,11 @@ import heapstate.engine.{ChangeSet, Entry, Key, LiveState, MemoryModel}
  */
 object UndoHeap {
   def main(args: Array[String]): Unit = {
-    val opts = args.grouped(2).collect { case Array(k, v) if k.startsWith("--") => k.drop(2) -> v }.toMap
-    val keys = opts.getOrElse("keys", "250000").toInt
+    val opts = BenchStores.options(args)
+    val store = OneStore(opts, defaultValueBytes = 296) // W1's row: 256 hex chars, a flag, a count
+    import store.{keyBytes, keys, live, rnd, value}
     val updates = opts.getOrElse("updates", "2500").toInt
     val versions = opts.getOrElse("versions", "10").toInt
-    val valueBytes = opts.getOrElse("value-bytes", "296").toInt // W1's row: 256 hex chars, a flag, a count
-    val rnd = new scala.util.Random(7)
-    def keyBytes(k: Int): Array[Byte] = {
-      val b = new Array[Byte](16) // an UnsafeRow of one long: the null bits, then the long
-      Platform.putLong(b, Platform.BYTE_ARRAY_OFFSET + 8, k.toLong)
-      b
-    }
-    def value(): Array[Byte] = { val v = new Array[Byte](valueBytes); rnd.nextBytes(v); v }
-
-    val live = new LiveState(None, 0, keys)
-    val first = new ChangeSet(live)
-    (0 until keys).foreach(k => first.put(Key(keyBytes(k)), Entry(keyBytes(k), value())))
-    live.applyCommit(live.prepareCommit(first), 0)
-    first.release() // the table holds the entries now; the change set must not keep them alive
     var priorBytes = 0L
     for (v <- 2 to versions + 1) {
       val changes = new ChangeSet(live)

@@ -1,0 +1,38 @@
+package heapstate.bench
+
+import org.apache.spark.unsafe.Platform
+
+import heapstate.engine.{ChangeSet, Entry, Key, LiveState}
+
+/**
+ * One W1-shaped store in a [[LiveState]] alone, for the benchmarks that measure the live table
+ * without Spark: `keys` keys, each a 16-byte key row (one long) with a random value row of
+ * `valueBytes` bytes, loaded in one commit as version 1.
+ */
+private[bench] final class OneStore(val keys: Int, val valueBytes: Int) {
+  val rnd = new scala.util.Random(7)
+
+  /** An UnsafeRow of one long: the null bits, then the long. */
+  def keyBytes(k: Int): Array[Byte] = {
+    val b = new Array[Byte](16)
+    Platform.putLong(b, Platform.BYTE_ARRAY_OFFSET + 8, k.toLong)
+    b
+  }
+
+  def value(): Array[Byte] = { val v = new Array[Byte](valueBytes); rnd.nextBytes(v); v }
+
+  val live: LiveState = {
+    val st = new LiveState(None, 0, keys)
+    val first = new ChangeSet(st)
+    (0 until keys).foreach(k => first.put(Key(keyBytes(k)), Entry(keyBytes(k), value())))
+    st.applyCommit(st.prepareCommit(first), 0)
+    first.release() // the table holds copies; the change set must not keep its entries alive
+    st
+  }
+}
+
+private[bench] object OneStore {
+  /** A store of `--keys` keys (250,000: a quarter of W1's) with `--value-bytes` value rows. */
+  def apply(opts: Map[String, String], defaultValueBytes: Int): OneStore =
+    new OneStore(opts.getOrElse("keys", "250000").toInt, opts.getOrElse("value-bytes", defaultValueBytes.toString).toInt)
+}

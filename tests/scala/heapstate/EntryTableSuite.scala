@@ -105,6 +105,21 @@ class EntryTableSuite extends AnyFunSuite {
     assert(u.heapBytes - slotBytes > 3 * u.entryBytes)
   }
 
+  test("a large state's pages are PageBytes long, and young-sized while youngPagesOnly is set") {
+    val t = new EntryTable()
+    t.youngPagesOnly = true
+    val value = new Array[Byte](1000)
+    var k = 0
+    while (t.heapBytes < 8L * EntryTable.PageBytes) { val e = Entry(keyBytes(k), value); t.put(e, Entry.keyHash(e)); k += 1 }
+    assert(t.currentPageBytes <= EntryTable.YoungPageBytes, "a loading state's pages stay young-sized")
+    t.youngPagesOnly = false
+    val held = t.heapBytes
+    while (t.heapBytes < held + 2L * EntryTable.PageBytes) { val e = Entry(keyBytes(k), value); t.put(e, Entry.keyHash(e)); k += 1 }
+    assert(t.currentPageBytes == EntryTable.PageBytes)
+    assert(t.size == k)
+    t.checkAccounts()
+  }
+
   test("an entry longer than a quarter page gets a page of its own, dropped when the entry goes") {
     val t = new EntryTable()
     val big = Entry(keyBytes(1), new Array[Byte](EntryTable.LargeEntry + 1))

@@ -383,7 +383,7 @@ final class EntryTable(expectedKeys: Int = 16) {
    */
   private def nextPageBytes(need: Int): Int = {
     val quarter = heldBytes / 4
-    val size = if (quarter >= PageBytes && !youngPagesOnly) PageBytes
+    val size = if (quarter >= PageBytes && (!youngPagesOnly || heldBytes >= YoungPagesOnlyUpTo)) PageBytes
       else math.min(math.max(java.lang.Long.highestOneBit(math.max(quarter, 1L)), MinPageBytes.toLong), YoungPageBytes.toLong).toInt
     math.max(need, size)
   }
@@ -392,7 +392,8 @@ final class EntryTable(expectedKeys: Int = 16) {
    * Whether new pages are young-sized whatever the state's size. A state loading a snapshot sets
    * it: each humongous allocation lets G1 start a marking cycle once the old objects pass its
    * threshold, which in a JVM that just started is low, and a load appends a whole state's pages
-   * in a few batches. Writer's thread only.
+   * in a few batches. It gives way past [[EntryTable.YoungPagesOnlyUpTo]] of pages, so that a very
+   * large state does not run out of page indices. Writer's thread only.
    */
   var youngPagesOnly = false
 
@@ -597,6 +598,8 @@ object EntryTable {
     case Some(region) if region >= 2L * YoungPageBytes => math.min(region, 32L << 20).toInt - ArrayHeaderBytes
     case _ => YoungPageBytes
   }
+  /** Past this many bytes of pages, [[EntryTable.youngPagesOnly]] no longer keeps pages young-sized. */
+  val YoungPagesOnlyUpTo: Long = 4L << 30
   /** The smallest page (a store's first). */
   val MinPageBytes: Int = 4 * 1024
   /** An entry longer than this gets a page of its own. */

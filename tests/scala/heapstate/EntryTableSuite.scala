@@ -120,6 +120,22 @@ class EntryTableSuite extends AnyFunSuite {
     t.checkAccounts()
   }
 
+  test("an address into a page dropped since is refused with an error, not read") {
+    val t = new EntryTable()
+    val value = new Array[Byte](1000) // about four entries to a first (4 KiB) page
+    for (k <- 0 until 20) { val e = Entry(keyBytes(k), value); t.put(e, Entry.keyHash(e)) }
+    val stale = t.find(Key(keyBytes(0)))
+    val firstPage = t.pageOf(stale)
+    // Every key of the first page updated: the page holds nothing live, and is dropped.
+    val inFirst = (0 until 20).filter(k => t.pageOf(t.find(Key(keyBytes(k)))) eq firstPage)
+    assert(inFirst.size >= 2 && inFirst.contains(0))
+    inFirst.foreach { k => val e = Entry(keyBytes(k), new Array[Byte](999)); t.put(e, Entry.keyHash(e)) }
+    val e = intercept[java.util.ConcurrentModificationException](t.pageOf(stale))
+    assert(e.getMessage.contains("changed under a reader"))
+    assert(t.size == 20)
+    t.checkAccounts()
+  }
+
   test("an entry longer than a quarter page gets a page of its own, dropped when the entry goes") {
     val t = new EntryTable()
     val big = Entry(keyBytes(1), new Array[Byte](EntryTable.LargeEntry + 1))

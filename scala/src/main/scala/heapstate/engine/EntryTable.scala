@@ -105,8 +105,26 @@ final class EntryTable(expectedKeys: Int = 16) {
   def findKeyOf(entry: Array[Byte], hash: Int): Long =
     find(entry, Platform.BYTE_ARRAY_OFFSET + Entry.HeaderBytes, Entry.keyLength(entry, 0), hash)
 
-  /** The page that holds the entry at `address` (from this table, and not dropped since). */
-  def pageOf(address: Long): Array[Byte] = pages(pageIndex(address))
+  /**
+   * The page that holds the entry at `address` (from this table, with no change since). It checks
+   * that the entry lies within the page: a reader on another thread than the writer's (a second
+   * task on one store, which the table does not support) may hold an address whose page was
+   * dropped since, and gets an exception rather than rows that point past an array.
+   */
+  def pageOf(address: Long): Array[Byte] = {
+    val page = pages(pageIndex(address))
+    val at = offsetOf(address)
+    if (page == null || !fits(page, at)) throw changedUnderReader
+    page
+  }
+
+  /** Whether an entry's header and both its lengths at `at` lie within `page` (see [[pageOf]]). */
+  private def fits(page: Array[Byte], at: Int): Boolean =
+    at >= 0 && at.toLong + Entry.HeaderBytes <= page.length && {
+      val keyLength = Entry.keyLength(page, at)
+      val valueLength = Entry.valueLength(page, at)
+      keyLength >= 0 && valueLength >= 0 && at.toLong + Entry.HeaderBytes + keyLength + valueLength <= page.length
+    }
 
   /** The index in its page of the first byte of the entry at `address`. */
   def offsetOf(address: Long): Int = (address & OffsetMask).toInt
@@ -137,7 +155,9 @@ final class EntryTable(expectedKeys: Int = 16) {
     while (s != Empty) {
       if ((s >>> AddressBits) == tag && s != Deleted) {
         val page = ps(pageIndex(s))
-        if (Entry.keyEquals(page, offsetOf(s), base, offset, length)) return i
+        val at = offsetOf(s)
+        if (page == null) throw changedUnderReader // see pageOf
+        if (at + Entry.HeaderBytes + length <= page.length && Entry.keyEquals(page, at, base, offset, length)) return i
       }
       i = (i + 1) & mask
       s = ss(i)
@@ -624,6 +644,10 @@ object EntryTable {
   val MaxVictimLive = 0.95
   /** [[EntryTable.compact]] moves at most this many times the bytes appended since it last ran. */
   val CompactionRatio = 8L
+
+  private def changedUnderReader =
+    new java.util.ConcurrentModificationException("heapstate: the live state changed under a reader on another " +
+      "thread than its writer's (two tasks on one state store at once?)")
 
   private def tagOf(hash: Int): Long = (hash >>> 10).toLong
   private def pageIndex(s: Long): Int = (((s & AddressMask) >>> OffsetBits) - 1).toInt

@@ -11,9 +11,9 @@ import heapstate.io.{SnapshotBuckets, StateFileException}
  *
  * == Versions ==
  * `table` holds the state as of committed version `version`, one [[Entry]] (key and value rows
- * together) per key, packed into the table's pages. Committing version `w` (see [[applyCommit]]) first publishes an undo
- * entry `undo(w)` (an [[UndoEntry]]): for every key `w` changes, the key's entry as of `w - 1`, or
- * "absent". Only then does it change `table`. Replaying `undo(w)` steps the table back
+ * together) per key, packed into the table's pages. Committing version `w` (see [[applyCommit]])
+ * first publishes an undo entry `undo(w)` (an [[UndoEntry]]): for every key `w` changes, the key's
+ * entry as of `w - 1`, or "absent". Only then does it change `table`. Replaying `undo(w)` steps the table back
  * from `w` to `w - 1` ([[rollBackTo]]). An undo entry holds copies of the prior entries: the
  * table's pages keep only the live ones. When `w - 1` was empty (a query's first batch, a bulk
  * load), `undo(w)` is the marker [[UndoEntry.FromEmpty]] instead of one record per key: stepping

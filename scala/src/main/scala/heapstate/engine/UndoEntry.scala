@@ -6,9 +6,9 @@ import org.apache.spark.unsafe.Platform
  * One version's undo entry (see [[LiveState]]): for every key the version changed, the key's entry
  * before the version, or the fact that the key was absent.
  *
- * It is a small open-addressing table of entry arrays (copies: the live table keeps none), with no key object, key copy or map node
+ * It is a small open-addressing table of entry arrays, with no key object, key copy or map node
  * per key (a `HashMap[Key, ...]` kept all three alive): a record costs two slots (a reference and
- * a hash) and keeps its prior entry alive. Undo entries are kept for every version above a
+ * a hash) and keeps its prior entry alive, a copy (the live table drops the pages of old entries). Undo entries are kept for every version above a
  * snapshot being written, and young collections copy each of their objects until they are old.
  * A key that was absent is recorded with the entry the version stored for it, which carries the
  * key's bytes, and a bit that says "absent". A key absent both before and after the version (a

@@ -196,6 +196,69 @@ class EntryTableSuite extends AnyFunSuite {
     assert(t.stamp != cleared && !t.replaceAt(now, cleared, at55, entry(5, 555)) && t.size == 0)
   }
 
+  test("overwriteAt writes a value of the same length over the old one, and refuses any other") {
+    val t = new EntryTable()
+    for (k <- 0 until 10) t.put(entry(k, k), Entry.keyHash(entry(k, k)))
+    val key3 = Key(keyBytes(3))
+    val slot = t.slotOf(key3)
+    val found = t.addressAt(slot)
+    val (held, garbage, live) = (t.heapBytes, t.garbageBytes, t.entryBytes)
+    assert(entry(3, 33).length == entry(3, 3).length)
+    assert(t.overwriteAt(slot, t.stamp, found, entry(3, 33)))
+    // The same address now holds the new value: nothing appended, no garbage.
+    assert(t.find(key3) == found && valueAt(t, found) == 33)
+    assert(t.heapBytes == held && t.garbageBytes == garbage && t.entryBytes == live)
+    assert(contents(t) == (0 until 10).map(k => k -> (if (k == 3) 33L else k.toLong)).toMap)
+    t.checkAccounts()
+    // A value of another length: refused, nothing changes.
+    assert(entry(3, 34).length != entry(3, 33).length && !t.overwriteAt(slot, t.stamp, found, entry(3, 34)))
+    assert(valueAt(t, t.find(key3)) == 33)
+    // An address the slot does not hold, no address, a slot out of range, a stale stamp: refused.
+    val at4 = t.find(Key(keyBytes(4)))
+    assert(!t.overwriteAt(slot, t.stamp, at4, entry(3, 36)))
+    assert(!t.overwriteAt(slot, t.stamp, EntryTable.NoEntry, entry(3, 36)))
+    assert(!t.overwriteAt(-1, t.stamp, found, entry(3, 36)) && !t.overwriteAt(t.capacity, t.stamp, found, entry(3, 36)))
+    val stamp = t.stamp
+    for (k <- 100 until 10000) t.put(entry(k, k), Entry.keyHash(entry(k, k)))
+    assert(t.stamp != stamp && !t.overwriteAt(slot, stamp, found, entry(3, 36)))
+    // Removed: the slot holds the Deleted marker.
+    val now = t.slotOf(key3)
+    val at33 = t.addressAt(now)
+    t.remove(key3)
+    assert(!t.overwriteAt(now, t.stamp, at33, entry(3, 36)) && t.find(key3) == EntryTable.NoEntry)
+    assert(contents(t) == ((0 until 10).filter(_ != 3) ++ (100 until 10000)).map(k => k -> k.toLong).toMap)
+    t.checkAccounts()
+  }
+
+  test("commits that write same-length updates in place leave no garbage and keep state and memory count exact") {
+    val rnd = new scala.util.Random(9)
+    val live = new LiveState(None, 0)
+    var model = Map.empty[Int, Long]
+    def entry(k: Int, v: Long): Array[Byte] = { // every value 8 bytes long
+      val value = new Array[Byte](8)
+      Platform.putLong(value, Platform.BYTE_ARRAY_OFFSET, v)
+      Entry(keyBytes(k), value)
+    }
+    val first = new ChangeSet(live)
+    for (k <- 0 until 20000) { first.put(Key(keyBytes(k)), entry(k, k)); model += k -> k.toLong }
+    live.applyCommit(live.prepareCommit(first), 0, inPlace = true)
+    var updated = 0L
+    for (v <- 2 to 60) {
+      val changes = new ChangeSet(live)
+      for (_ <- 0 until 500) {
+        val k = rnd.nextInt(20000)
+        val value = rnd.nextLong()
+        changes.put(Key(keyBytes(k)), entry(k, value)); model += k -> value
+      }
+      updated += changes.size
+      live.applyCommit(live.prepareCommit(changes), v - 3L, inPlace = true)
+      assert(live.memoryBytes == live.memoryBytesRecounted, s"version $v: the running memory count")
+      assert(live.garbageBytes == 0, s"version $v: an update left its old entry behind")
+    }
+    assert(live.iterator.map { a => val p = live.pageOf(a); val at = live.offsetOf(a); keyOf(p, at) -> valueOf(p, at) }.toMap == model)
+    assert(live.writtenInPlace == updated && live.compactedBytes == 0)
+  }
+
   test("commits update keys in the slots they were found in: state and memory count exact, through resizes") {
     val rnd = new scala.util.Random(5)
     val live = new LiveState(None, 0)
@@ -213,7 +276,7 @@ class EntryTableSuite extends AnyFunSuite {
           changes.put(Key(keyBytes(k)), e); model += k -> e
         }
       }
-      live.applyCommit(live.prepareCommit(changes), v - 3L)
+      live.applyCommit(live.prepareCommit(changes), v - 3L, inPlace = false)
       assert(live.memoryBytes == live.memoryBytesRecounted, s"version $v: the running memory count")
       assert(live.numKeys == model.size, s"version $v")
       for (k <- 0 until 40000 by 7) {
@@ -228,7 +291,8 @@ class EntryTableSuite extends AnyFunSuite {
     assert(live.compactedBytes > 0, "the churn left enough garbage for compaction to move entries")
   }
 
-  test("undo entries: a snapshot view of every kept version and a roll-back to it equal the model") {
+  for (inPlace <- Seq(false, true)) test("undo entries: a snapshot view of every kept version and a roll-back to it " +
+      s"equal the model (updates ${if (inPlace) "written in place" else "appended"})") {
     val rnd = new scala.util.Random(11)
     val keep = 6
     val live = new LiveState(None, 0)
@@ -261,7 +325,7 @@ class EntryTableSuite extends AnyFunSuite {
           changes.put(Key(keyBytes(k)), entry(k, value)); model += k -> value
         }
       }
-      live.applyCommit(live.prepareCommit(changes), v.toLong - keep)
+      live.applyCommit(live.prepareCommit(changes), v.toLong - keep, inPlace)
       models += model
     }
     for (v <- 1 to 40) {
@@ -289,6 +353,8 @@ class EntryTableSuite extends AnyFunSuite {
         assert(liveContents(live) == models(v), s"version $v committed again after the roll-back")
       }
     }
+    // A third of the updates keep their value's length: some are written in place exactly when asked.
+    assert((live.writtenInPlace > 0) == inPlace, s"${live.writtenInPlace} updates written in place")
   }
 
   test("a key removed and put back while an iterator runs is not seen twice, also where its chain wraps around") {

@@ -8,9 +8,12 @@ import heapstate.engine.{ChangeSet, Entry, Key}
  * each, timed (look-ups, undo records, the table's changes and its compaction). Prints the median
  * and slowest commit over the second half, the bytes compaction moved per commit, and the heap
  * (`memoryBytes`, and the JVM's after a full GC) against the live entries. Run it in a JVM of
- * its own (`bin/sbt` forks one).
+ * its own (`bin/sbt` forks one). Every update keeps its value's length, so the commits write
+ * updates in place, as the store's do while none of its snapshots is being written; `--in-place
+ * false` appends them instead, as while one is.
  * {{{
  *   bin/sbt "bench/runMain heapstate.bench.ArenaChurn"
+ *   bin/sbt "bench/runMain heapstate.bench.ArenaChurn --in-place false"
  *   bin/sbt "bench/runMain heapstate.bench.ArenaChurn --keys 1000000 --updates 2500 --commits 200"
  * }}}
  */
@@ -22,6 +25,7 @@ object ArenaChurn {
     val updates = opts.getOrElse("updates", "2500").toInt
     val commits = opts.getOrElse("commits", "200").toInt
     val undoVersions = opts.getOrElse("undo-versions", "3").toInt
+    val inPlace = opts.getOrElse("in-place", "true").toBoolean
     val micros = new Array[Long](commits)
     val moved = new Array[Long](commits)
     for (c <- 0 until commits) {
@@ -32,13 +36,14 @@ object ArenaChurn {
       }
       val movedBefore = live.compactedBytes
       val started = System.nanoTime()
-      live.applyCommit(live.prepareCommit(changes), live.version + 1 - undoVersions)
+      live.applyCommit(live.prepareCommit(changes), live.version + 1 - undoVersions, inPlace)
       micros(c) = (System.nanoTime() - started) / 1000
       moved(c) = live.compactedBytes - movedBefore
     }
     val tail = micros.drop(commits / 2).sorted
     val entryBytes = keys.toLong * (8 + 16 + valueBytes)
-    println(f"keys $keys%,d, updates $updates%,d a commit, $commits%,d commits")
+    println(f"keys $keys%,d, updates $updates%,d a commit, $commits%,d commits, " +
+      (if (inPlace) s"${live.writtenInPlace} updates written in place" else "updates appended"))
     println(f"commit (second half): median ${tail(tail.length / 2) / 1000.0}%.2f ms, max ${tail.last / 1000.0}%.2f ms")
     println(f"moved by compaction (second half): ${moved.drop(commits / 2).sum.toDouble / (commits - commits / 2) / 1e6}%.2f MB a commit")
     System.gc(); System.gc()

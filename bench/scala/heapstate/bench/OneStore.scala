@@ -25,7 +25,7 @@ private[bench] final class OneStore(val keys: Int, val valueBytes: Int) {
     val st = new LiveState(None, 0, keys)
     val first = new ChangeSet(st)
     (0 until keys).foreach(k => first.put(Key(keyBytes(k)), Entry(keyBytes(k), value())))
-    st.applyCommit(st.prepareCommit(first), 0)
+    st.applyCommit(st.prepareCommit(first), 0, inPlace = true)
     first.release() // the table holds copies; the change set must not keep its entries alive
     st
   }

@@ -37,7 +37,7 @@ object UndoHeap {
         priorBytes += MemoryModel.liveEntry(page.slice(at, at + Entry.length(page, at))) // the copy the undo log will keep
         changes.put(key, Entry(key.bytes, value()))
       }
-      live.applyCommit(live.prepareCommit(changes), 1) // keeps every undo entry above version 1
+      live.applyCommit(live.prepareCommit(changes), 1, inPlace = true) // keeps every undo entry above version 1
     }
     val counted = live.memoryBytes
     val withUndo = usedAfterGc()

@@ -15,12 +15,25 @@ import org.apache.spark.unsafe.array.ByteArrayMethods
  * million, and a key costs its rows, an 8-byte header and about two slots.
  *
  * == Pages ==
- * A page is only ever appended to: bytes once written are never written again, so a row that
- * points into a page stays valid for as long as it is held. Updating a key appends its new entry
- * and leaves the old one behind as garbage. A page that holds no live entry any more is dropped
- * from the page directory. When the garbage passes [[EntryTable.GarbageFraction]] of the live
- * bytes, [[compact]] moves the live entries out of the emptiest pages, some after each commit, and
- * drops those pages.
+ * Entries are appended to pages. Updating a key appends its new entry and leaves the old one
+ * behind as garbage, unless the update is written in place (below). A page that holds no live
+ * entry any more is dropped from the page directory. When the garbage passes
+ * [[EntryTable.GarbageFraction]] of the live bytes, [[compact]] moves the live entries out of the
+ * emptiest pages, some after each commit, and drops those pages. A dropped page is only forgotten
+ * by the directory: a reader that still holds the array reads the bytes it held.
+ *
+ * == In-place updates ==
+ * An update whose new entry has the same key and value lengths as the old one (a count, a sum, a
+ * fixed-width string: most aggregation state) may instead write its value bytes over the old ones
+ * ([[overwriteAt]]): no append, no garbage, nothing for compaction to move. The bytes of such an
+ * entry then change under anyone who holds its address or its page, so the writer does this only
+ * when no one does. Two kinds of holders exist: a reader running [[foreach]] and the snapshot
+ * writer it feeds, which reads the entries' bytes after [[foreach]] returns; the engine writes in
+ * place only while no snapshot of this state is being written (it decides under the lock that
+ * starting a snapshot takes). A row that the store handed to a task for a key shows the key's
+ * newest value once the task's own commit wrote that key in place. Spark's stateful operators
+ * read their rows from a store before its commit, which runs once the task's output is used up,
+ * and an operator that keeps a row it was handed copies it, as it must for any iterator's rows.
  *
  * A small state's pages are small (from 4 KiB). A large state's are one G1 heap region each
  * ([[EntryTable.PageBytes]]): humongous objects, which G1 allocates among the old objects, so that
@@ -196,6 +209,38 @@ final class EntryTable(expectedKeys: Int = 16) {
         setSlot(ss, slot, (s & ~AddressMask) | moved) // the new entry is published before the old one can be dropped
         release(expected, length)
         true
+      }
+    }
+  }
+
+  /**
+   * Writes the value of the entry array `entry` over the value of the entry at `expected`, in
+   * `slot` (from [[slotOf]] under `stamp`), when the two entries have the same key and value
+   * lengths: nothing is appended and nothing is left behind as garbage. Returns false, changing
+   * nothing, when the lengths differ, the slot array was replaced since, or the slot holds
+   * something else: the caller then falls back to [[replaceAt]].
+   *
+   * Only for a writer that knows no reader holds an address or a page of this table: no
+   * [[foreach]] is running and no snapshot writer still reads bytes it was handed (see "In-place
+   * updates" in the class comment). The writer's thread.
+   */
+  def overwriteAt(slot: Int, stamp: Int, expected: Long, entry: Array[Byte]): Boolean = {
+    val ss = slots
+    if (stamp != generation || slot < 0 || slot >= ss.length || expected == NoEntry) false
+    else {
+      val s = ss(slot)
+      if (s == Empty || s == Deleted || (s & AddressMask) != expected) false
+      else {
+        val page = pageOf(expected)
+        val at = offsetOf(expected)
+        val keyLength = Entry.keyLength(entry, 0)
+        if (Entry.keyLength(page, at) != keyLength || Entry.valueLength(page, at) != Entry.valueLength(entry, 0)) false
+        else {
+          // The key bytes are the same (the slot holds this key), and so is the header.
+          val from = Entry.HeaderBytes + keyLength
+          System.arraycopy(entry, from, page, at + from, entry.length - from)
+          true
+        }
       }
     }
   }

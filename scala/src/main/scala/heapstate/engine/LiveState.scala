@@ -129,6 +129,9 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   }
   def get(key: Key): Long = get(key.bytes, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.bytes.length, key.hashCode)
 
+  /** Bytes of the table's pages that no live entry uses (see [[EntryTable.garbageBytes]]). */
+  def garbageBytes: Long = table.garbageBytes
+
   /** The page holding the entry at `address` (from [[get]], with no change to the state since). */
   def pageOf(address: Long): Array[Byte] = table.pageOf(address)
   /** The entry's first byte in [[pageOf]]. */
@@ -298,8 +301,12 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
    * A key that was found in the table is updated in the slot [[prepareCommit]] found it in, with
    * no second probe (at millions of keys each probe is a cache miss or two); when a resize in
    * between moved it, [[EntryTable.replaceAt]] says so and the key takes the usual path.
+   *
+   * `inPlace`: no snapshot view or snapshot writer reads this state's table now, nor can one start
+   * before this returns (the engine knows). An update of the same length is then written over the
+   * old entry ([[EntryTable.overwriteAt]]) instead of appended; the undo entry holds the old bytes.
    */
-  def applyCommit(prepared: PreparedCommit, keepUndoAbove: Long): Unit = {
+  def applyCommit(prepared: PreparedCommit, keepUndoAbove: Long, inPlace: Boolean): Unit = {
     val newVersion = version + 1
     require(prepared.version == newVersion, s"a commit prepared as version ${prepared.version} applied at $newVersion")
     undo.put(newVersion, prepared.undoEntry) // published before any change to `table`
@@ -312,6 +319,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     val keys = prepared.keys
     val values = prepared.values
     val slots = prepared.slots
+    var written = 0L
     var i = 0
     while (i < keys.length) { // the table copies the change set's entries into its pages
       val key = keys(i)
@@ -319,11 +327,13 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
       if (Tombstone.is(changed)) remove(key.bytes, key.hashCode)
       else {
         val found = slots != null && slots(i) >= 0
-        if (!(found && table.replaceAt(slots(i), prepared.stamp, prepared.priors(i), changed))) store(changed, key.hashCode)
+        if (found && inPlace && table.overwriteAt(slots(i), prepared.stamp, prepared.priors(i), changed)) written += 1
+        else if (!(found && table.replaceAt(slots(i), prepared.stamp, prepared.priors(i), changed))) store(changed, key.hashCode)
       }
       i += 1
     }
     if (pending != null) pendingKeys += prepared.keyDelta
+    writtenInPlace += written
     version = newVersion
     dropUndoUpTo(keepUndoAbove)
     // A state still loading its snapshot does not compact: its first batches after a restart stay
@@ -333,6 +343,8 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
 
   /** Bytes of entries the table's compaction has moved (see [[EntryTable.compact]]), in all. */
   @volatile var compactedBytes = 0L
+  /** Updates commits wrote over the old entry (see `inPlace` in [[applyCommit]]), in all. */
+  @volatile var writtenInPlace = 0L
 
   /** Whether undo entries cover every version in (target, version]. */
   def canRollBackTo(target: Long): Boolean =

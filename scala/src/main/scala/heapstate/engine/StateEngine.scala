@@ -197,7 +197,10 @@ final class StateEngine(
    * enough: every caller of [[withSnapshotLock]] holds this engine's monitor, so at most one waits.
    */
   @volatile private var snapshotLockWanted = false
-  /** Version being snapshotted now, or -1. */
+  /**
+   * Version being snapshotted now, or -1. Set under the monitor; back to -1 only once the
+   * snapshot's writer no longer reads the live table. Commits write in place only while it is -1.
+   */
   @volatile private var snapshotInProgress = -1L
   /** The highest version seen on disk or committed here; a commit at or below it is a re-run. */
   private var highestKnownVersion = 0L
@@ -323,8 +326,11 @@ final class StateEngine(
     highestKnownVersion = math.max(highestKnownVersion, newVersion)
     FaultInjection.pause("published", files.journalPath(newVersion, newId, liveBaseId).toString)
     val byDepth = newVersion - settings.undoVersions
+    // Read under the monitor, which starting a snapshot takes too: with none in progress, none can
+    // start before this commit ends, so the commit may write same-length updates in place (see
+    // LiveState.applyCommit). A snapshot's writer reads the table's bytes until it ends.
     val inProgress = snapshotInProgress
-    st.applyCommit(prepared, if (inProgress >= 0) math.min(byDepth, inProgress) else byDepth)
+    st.applyCommit(prepared, if (inProgress >= 0) math.min(byDepth, inProgress) else byDepth, inPlace = inProgress < 0)
     newId.foreach(i => lineageIds.put(newVersion, i))
     // A state still loading its snapshot's buckets loads a share after each commit, except in the
     // batch that rebuilt it from files: that one leaves the cores to the partitions still loading.

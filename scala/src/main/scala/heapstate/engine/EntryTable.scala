@@ -324,7 +324,7 @@ final class EntryTable(expectedKeys: Int = 16) {
    * safe while one writer works; a key changed meanwhile is seen with one of its values, or not at
    * all if removed. The bytes stay valid after `f` returns.
    */
-  def foreach(f: (Array[Byte], Int) => Unit): Unit = {
+  def foreach(f: EntryTable.EntryVisitor): Unit = {
     synchronized { readers += 1 }
     try {
       val ss = slots
@@ -648,6 +648,11 @@ final class EntryTable(expectedKeys: Int = 16) {
 }
 
 object EntryTable {
+  /** What [[EntryTable.foreach]] calls with each entry: its page and offset (primitive arguments: no boxing). */
+  trait EntryVisitor {
+    def apply(page: Array[Byte], at: Int): Unit
+  }
+
   /** The address that means "no entry". */
   val NoEntry = 0L
   /** Slot values: never used, and removed. Neither is an address (a page field is at least 1). */

@@ -428,7 +428,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
    * it, a table page's or an undo record's, bytes that never change) with its key's hash, which
    * the view computes once for its own look-ups and the snapshot's buckets.
    */
-  def writeSnapshotView(s: Long, emit: (Array[Byte], Int, Int) => Unit): Unit = {
+  def writeSnapshotView(s: Long, emit: LiveState.ViewVisitor): Unit = {
     require(pending == null, "a snapshot view of a state whose snapshot is still loading")
     val later = undo.tailMap(s, false)
     // The entry was read before this; the fence keeps the read of `undoTop` after it, so that an
@@ -470,6 +470,15 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
 }
 
 object LiveState {
+  /**
+   * What [[LiveState.writeSnapshotView]] calls with each entry it emits: its array, its offset
+   * there and its key's hash (primitive arguments: a Scala function of three would box both ints
+   * for each of a state's entries).
+   */
+  trait ViewVisitor {
+    def apply(b: Array[Byte], at: Int, hash: Int): Unit
+  }
+
   /** A lazily loaded state is whole after at most this many commits, each loading its share. */
   val LoadSteps = 8
 

@@ -49,10 +49,13 @@ class ConcurrentSnapshotSuite extends AnyFunSuite {
     stop.set(true); snapshotter.join()
     // Compaction ran between the views (it waits while one is open) and moved entries the views
     // and the snapshot files then read; commits made while no snapshot was being written wrote
-    // their updates in place, over entries that earlier views had read.
+    // their updates in place, over entries that earlier views had read, and moved the updates
+    // appended during the snapshots back over their old entries.
     assert(engine.live.compactedBytes > 0, "the live table's compaction moved nothing")
     assert(engine.live.writtenInPlace > 0, "no update was written in place between the snapshots")
-    info(s"compaction moved ${engine.live.compactedBytes} bytes; ${engine.live.writtenInPlace} updates written in place")
+    assert(engine.live.movedBackBytes > 0, "no update appended during a snapshot went back over its old entry")
+    info(s"compaction moved ${engine.live.compactedBytes} bytes; ${engine.live.writtenInPlace} updates written in " +
+      s"place; ${engine.live.movedBackBytes} bytes of appended updates moved back")
     val versions = written.synchronized(written.toList)
     assert(versions.size >= 3, s"only ${versions.size} snapshots were written during the run")
     // Snapshots are overwritten by later ones only at the same version; read each survivor.

@@ -230,33 +230,82 @@ class EntryTableSuite extends AnyFunSuite {
     t.checkAccounts()
   }
 
+  /** An entry whose value is always 8 bytes long, whatever `v`. */
+  private def fixedEntry(k: Int, v: Long): Array[Byte] = {
+    val value = new Array[Byte](8)
+    Platform.putLong(value, Platform.BYTE_ARRAY_OFFSET, v)
+    Entry(keyBytes(k), value)
+  }
+
   test("commits that write same-length updates in place leave no garbage and keep state and memory count exact") {
     val rnd = new scala.util.Random(9)
     val live = new LiveState(None, 0)
     var model = Map.empty[Int, Long]
-    def entry(k: Int, v: Long): Array[Byte] = { // every value 8 bytes long
-      val value = new Array[Byte](8)
-      Platform.putLong(value, Platform.BYTE_ARRAY_OFFSET, v)
-      Entry(keyBytes(k), value)
-    }
     val first = new ChangeSet(live)
-    for (k <- 0 until 20000) { first.put(Key(keyBytes(k)), entry(k, k)); model += k -> k.toLong }
+    for (k <- 0 until 20000) { first.put(Key(keyBytes(k)), fixedEntry(k, k)); model += k -> k.toLong }
     live.applyCommit(live.prepareCommit(first), 0, inPlace = true)
     var updated = 0L
+    var previous = Seq.empty[Int]
     for (v <- 2 to 60) {
       val changes = new ChangeSet(live)
-      for (_ <- 0 until 500) {
-        val k = rnd.nextInt(20000)
+      // Every fifth version starts three commits made as if a snapshot were being written: their
+      // updates are appended. Those commits update some keys again, as the next one does.
+      val inPlace = v % 5 > 2 || v < 5
+      // Few enough that compaction never runs (under 16 KiB of garbage): only fillHoles tidies up.
+      val keys = Seq.fill(100)(rnd.nextInt(20000)) ++ previous.take(20)
+      for (k <- keys) {
         val value = rnd.nextLong()
-        changes.put(Key(keyBytes(k)), entry(k, value)); model += k -> value
+        changes.put(Key(keyBytes(k)), fixedEntry(k, value)); model += k -> value
       }
-      updated += changes.size
-      live.applyCommit(live.prepareCommit(changes), v - 3L, inPlace = true)
+      previous = if (inPlace) Nil else keys
+      if (inPlace) updated += changes.size
+      live.applyCommit(live.prepareCommit(changes), v - 3L, inPlace)
       assert(live.memoryBytes == live.memoryBytesRecounted, s"version $v: the running memory count")
-      assert(live.garbageBytes == 0, s"version $v: an update left its old entry behind")
+      // Updates appended meanwhile (keys updated twice among them) went back over their old entries.
+      if (inPlace) assert(live.garbageBytes == 0, s"version $v: an update left its old entry behind")
+      else assert(live.garbageBytes > 0, s"version $v: appended updates leave their old entries behind")
     }
     assert(live.iterator.map { a => val p = live.pageOf(a); val at = live.offsetOf(a); keyOf(p, at) -> valueOf(p, at) }.toMap == model)
-    assert(live.writtenInPlace == updated && live.compactedBytes == 0)
+    assert(live.writtenInPlace == updated && live.movedBackBytes > 0 && live.compactedBytes == 0)
+  }
+
+  test("fillHoles moves same-length appends back over their old entries: removed, re-updated and resized keys too") {
+    val rnd = new scala.util.Random(21)
+    val t = new EntryTable()
+    var model = Map.empty[Int, Long]
+    for (k <- 0 until 20000) { val e = fixedEntry(k, k); t.put(e, Entry.keyHash(e)); model += k -> k.toLong }
+    def update(k: Int, e: Array[Byte]): Unit = {
+      val slot = t.slotOf(Key(keyBytes(k)))
+      assert(t.replaceAt(slot, t.stamp, t.addressAt(slot), e))
+    }
+    def check(what: String): Unit = {
+      assert(contents(t) == model, what)
+      t.checkAccounts()
+      assert(t.heapBytes == t.heapBytesRecounted, what)
+    }
+    // Distinct updates of the same lengths, some keys twice: all go back, no garbage stays.
+    for (_ <- 0 until 3000) { val k = rnd.nextInt(20000); val v = rnd.nextLong(); update(k, fixedEntry(k, v)); model += k -> v }
+    assert(t.garbageBytes > 0 && t.holes > 0)
+    val held = t.heapBytes
+    t.fillHoles()
+    check("after the first fill")
+    assert(t.garbageBytes == 0 && t.holes == 0, s"${t.garbageBytes} bytes of garbage stayed")
+    assert(t.heapBytes < held, "the pages appended to were not dropped")
+    // Holes whose key was removed since, updated with another length since, or moved by compaction
+    // stay garbage; the others go back.
+    for (_ <- 0 until 3000) { val k = rnd.nextInt(20000); val v = rnd.nextLong(); update(k, fixedEntry(k, v)); model += k -> v }
+    for (k <- model.keys.toSeq.sorted.take(500)) { t.remove(Key(keyBytes(k))); model -= k }
+    for (k <- model.keys.toSeq.sorted.slice(500, 900)) { update(k, entry(k, 1L)); model += k -> 1L }
+    t.compact()
+    t.fillHoles()
+    check("after fills skipped removed and re-sized keys")
+    assert(t.holes == 0)
+    // A resize in between: no slot number holds, and nothing moves.
+    for (_ <- 0 until 500) { val k = rnd.nextInt(20000); if (model.contains(k)) { val v = rnd.nextLong(); update(k, fixedEntry(k, v)); model += k -> v } }
+    val garbage = t.garbageBytes
+    for (k <- 100000 until 140000) { val e = fixedEntry(k, k); t.put(e, Entry.keyHash(e)); model += k -> k.toLong }
+    assert(t.fillHoles() == 0 && t.garbageBytes == garbage)
+    check("after a resize")
   }
 
   test("commits update keys in the slots they were found in: state and memory count exact, through resizes") {

@@ -35,6 +35,12 @@ import org.apache.spark.unsafe.array.ByteArrayMethods
  * read their rows from a store before its commit, which runs once the task's output is used up,
  * and an operator that keeps a row it was handed copies it, as it must for any iterator's rows.
  *
+ * An update of the same lengths made while writing in place is not allowed is appended, and its
+ * old entry's place is kept as a hole. Once writing in place is allowed again, [[fillHoles]] moves
+ * each such entry back into its hole (when its slot still points to the appended copy and the
+ * hole's page is still the one it was in); the pages those updates were appended to then hold
+ * nothing live and go. So a state whose updates keep their lengths holds next to no garbage.
+ *
  * A small state's pages are small (from 4 KiB). A large state's are one G1 heap region each
  * ([[EntryTable.PageBytes]]): humongous objects, which G1 allocates among the old objects, so that
  * young collections never copy them. An entry longer than [[EntryTable.LargeEntry]] gets a page of
@@ -75,6 +81,8 @@ final class EntryTable(expectedKeys: Int = 16) {
   /** Per page: the bytes appended to it (0 once it is emptied), and those of its live entries. */
   private var pageUsed: Array[Int] = new Array(16)
   private var pageLive: Array[Int] = new Array(16)
+  /** Per page index: how many pages it has held, so that a hole recorded in one is not taken for one in the next. */
+  private var pageEpoch: Array[Int] = new Array(16)
   /** Page indices handed out so far; those below it are in use, emptied, or in `freeIndices`. */
   private var pageCount = 0
   private var freeIndices = new Array[Int](16)
@@ -84,6 +92,8 @@ final class EntryTable(expectedKeys: Int = 16) {
   private var retiredCount = 0
   /** The page entries are appended to, or -1. */
   private var current = -1
+  /** The page entries that leave a hole are appended to (see [[fillHoles]]), or -1. */
+  private var holePage = -1
   /** Bytes of the live entries; bytes appended to pages not emptied yet; lengths of all pages held. */
   private var liveBytes, usedBytes, heldBytes = 0L
   /** Bytes appended since the last [[compact]]: the next one moves a multiple of it at most. */
@@ -92,6 +102,15 @@ final class EntryTable(expectedKeys: Int = 16) {
   private var scratchAt, scratchHash = new Array[Int](256)
   /** Where [[evacuate]] leaves the slots it read ahead, so that the compiler keeps those reads. */
   private var readAheadSum = 0L
+  /**
+   * Holes: same-length updates that [[replaceAt]] appended (while updates could not be written in
+   * place), each as the slot and slot-array stamp it was made in, the address it appended, and
+   * the address of the old entry it left dead (with that page's epoch). [[fillHoles]] moves them
+   * back; at most [[EntryTable.MaxHoles]] are kept, the rest is left to [[compact]].
+   */
+  private var holeCount = 0
+  private var holeSlot, holeStamp, holeEpoch = new Array[Int](0)
+  private var holeFrom, holeTo = new Array[Long](0)
   /** Registered readers ([[foreach]]); guarded by the table's lock. */
   private var readers = 0
   /** Counts the pages dropped from the directory: an [[iterator]] fails when it changes. */
@@ -196,6 +215,8 @@ final class EntryTable(expectedKeys: Int = 16) {
    * Puts a copy of the entry array `entry` in `slot` (from [[slotOf]] under `stamp`) in place of
    * the entry at `expected`, without probing. Returns false, changing nothing, when the slot array
    * was replaced since or the slot holds something else: the caller then falls back to [[put]].
+   * A new entry of the old one's lengths is appended too (an update made while a snapshot is
+   * written), and the old entry's place is kept as a hole for [[fillHoles]].
    */
   def replaceAt(slot: Int, stamp: Int, expected: Long, entry: Array[Byte]): Boolean = {
     val ss = slots
@@ -205,8 +226,11 @@ final class EntryTable(expectedKeys: Int = 16) {
       if (s == Empty || s == Deleted || (s & AddressMask) != expected) false
       else {
         val length = lengthAt(expected)
-        val moved = append(entry, Platform.BYTE_ARRAY_OFFSET, entry.length) // an entry array is laid out as in a page
+        // The same key and length: the same lengths, so the old entry's place is kept as a hole.
+        val hole = length == entry.length && holeCount < MaxHoles
+        val moved = append(entry, Platform.BYTE_ARRAY_OFFSET, entry.length, hole) // an entry array is laid out as in a page
         setSlot(ss, slot, (s & ~AddressMask) | moved) // the new entry is published before the old one can be dropped
+        if (hole) keepHole(slot, moved, expected)
         release(expected, length)
         true
       }
@@ -309,8 +333,9 @@ final class EntryTable(expectedKeys: Int = 16) {
   /** Empties the table (the caller excludes concurrent readers). */
   def clear(): Unit = {
     live = 0; used = 0
-    pageUsed = new Array(16); pageLive = new Array(16); pageCount = 0; freeCount = 0; retiredCount = 0
-    current = -1; liveBytes = 0; usedBytes = 0; heldBytes = 0; appendedSinceCompaction = 0
+    pageUsed = new Array(16); pageLive = new Array(16); pageEpoch = new Array(16); pageCount = 0; freeCount = 0
+    retiredCount = 0; holeCount = 0
+    current = -1; holePage = -1; liveBytes = 0; usedBytes = 0; heldBytes = 0; appendedSinceCompaction = 0
     generation += 1
     pages = new Array(16)
     slots = new Array(16)
@@ -366,7 +391,8 @@ final class EntryTable(expectedKeys: Int = 16) {
 
   /** The slot array, directory `ps` and its per-page counts, and the free and retired index lists. */
   private def bookkeepingBytes(ps: Array[Array[Byte]]): Long =
-    16L + 8L * slots.length + 3 * (16L + 4L * ps.length) + 4L * (freeIndices.length + retired.length)
+    16L + 8L * slots.length + 4 * (16L + 4L * ps.length) + 4L * (freeIndices.length + retired.length) +
+      (4L * 3 + 8L * 2) * holeFrom.length
 
   /** [[heapBytes]] counted afresh from the directory; tests hold the one to the other. Writer's thread only. */
   private[heapstate] def heapBytesRecounted: Long = {
@@ -412,9 +438,12 @@ final class EntryTable(expectedKeys: Int = 16) {
 
   // ---- the arena ----
 
-  /** Appends `length` bytes at `base`/`offset` (an entry) to the pages; returns their address. */
-  private def append(base: AnyRef, offset: Long, length: Int): Long = {
-    val p = pageFor(length)
+  /**
+   * Appends `length` bytes at `base`/`offset` (an entry) to the pages; returns their address. An
+   * entry that leaves a hole (see [[fillHoles]]) goes to the hole page instead of the current one.
+   */
+  private def append(base: AnyRef, offset: Long, length: Int, hole: Boolean = false): Long = {
+    val p = if (hole) holePageFor(length) else pageFor(length)
     val at = pageUsed(p)
     Platform.copyMemory(base, offset, pages(p), Platform.BYTE_ARRAY_OFFSET + at, length)
     appended(p, at, length)
@@ -442,6 +471,20 @@ final class EntryTable(expectedKeys: Int = 16) {
         if (full >= 0 && pageLive(full) == 0) empty(full)
       }
       current
+    }
+
+  /**
+   * [[pageFor]] of an entry that leaves a hole: the page such entries are appended to, apart from
+   * the current page, so that it holds nothing live once they went back, and goes.
+   */
+  private def holePageFor(length: Int): Int =
+    if (length > LargeEntry) newPage(length) else {
+      if (holePage < 0 || pageUsed(holePage) + length > pages(holePage).length) {
+        val full = holePage
+        holePage = newPage(nextPageBytes(length))
+        if (full >= 0 && pageLive(full) == 0) empty(full)
+      }
+      holePage
     }
 
   /** Counts `length` bytes appended at `at` of page `p`; returns their address. */
@@ -490,6 +533,7 @@ final class EntryTable(expectedKeys: Int = 16) {
         val grown = math.min(pages.length * 2, MaxPages)
         pageUsed = java.util.Arrays.copyOf(pageUsed, grown)
         pageLive = java.util.Arrays.copyOf(pageLive, grown)
+        pageEpoch = java.util.Arrays.copyOf(pageEpoch, grown)
         pages = java.util.Arrays.copyOf(pages, grown) // a reader sees the old directory or the whole new one
       }
       pageCount += 1
@@ -498,6 +542,7 @@ final class EntryTable(expectedKeys: Int = 16) {
     pages(p) = new Array[Byte](length)
     pageUsed(p) = 0
     pageLive(p) = 0
+    pageEpoch(p) += 1
     heldBytes += length
     p
   }
@@ -507,7 +552,7 @@ final class EntryTable(expectedKeys: Int = 16) {
     val p = pageIndex(address)
     pageLive(p) -= length
     liveBytes -= length
-    if (pageLive(p) == 0 && p != current) empty(p)
+    if (pageLive(p) == 0 && p != current && p != holePage) empty(p)
   }
 
   /** Takes page `p`, which holds no live entry, out of use: dropped now, or once no reader is registered. */
@@ -535,6 +580,70 @@ final class EntryTable(expectedKeys: Int = 16) {
     }
     drops += 1
   }
+
+  /** Whether the entries at addresses `a` and `b` have the same key and value lengths. */
+  private def sameLengths(a: Long, b: Long): Boolean = {
+    val (pa, pb) = (pages(pageIndex(a)), pages(pageIndex(b)))
+    val (at, bt) = (offsetOf(a), offsetOf(b))
+    Entry.keyLength(pa, at) == Entry.keyLength(pb, bt) && Entry.valueLength(pa, at) == Entry.valueLength(pb, bt)
+  }
+
+  /** Records that the entry in `slot` was appended at `from`, leaving the dead entry at `to` (see [[fillHoles]]). */
+  private def keepHole(slot: Int, from: Long, to: Long): Unit = {
+    if (holeCount == holeFrom.length) {
+      val grown = math.min(math.max(64, holeCount * 2), MaxHoles)
+      holeSlot = java.util.Arrays.copyOf(holeSlot, grown); holeStamp = java.util.Arrays.copyOf(holeStamp, grown)
+      holeEpoch = java.util.Arrays.copyOf(holeEpoch, grown)
+      holeFrom = java.util.Arrays.copyOf(holeFrom, grown); holeTo = java.util.Arrays.copyOf(holeTo, grown)
+    }
+    holeSlot(holeCount) = slot; holeStamp(holeCount) = generation; holeEpoch(holeCount) = pageEpoch(pageIndex(to))
+    holeFrom(holeCount) = from; holeTo(holeCount) = to
+    holeCount += 1
+  }
+
+  /**
+   * Moves each entry that [[replaceAt]] appended over an entry of the same lengths back into the
+   * dead entry's place, when the slot still holds it and that page is still in use; forgets every
+   * hole. Those appends went to pages of their own ([[holePage]]), which then hold nothing live and
+   * go, and no garbage is left for [[compact]] to move: updates made while a snapshot was written
+   * cost a copy each, once it is done. Returns the bytes moved.
+   *
+   * Only under the same condition as [[overwriteAt]] (no reader holds an address or a page), and
+   * it is what moving an entry is anyway: a live entry goes to a place of its own size that no slot
+   * points to (each hole is recorded once, when its entry died, and only this fills it).
+   */
+  def fillHoles(): Long = {
+    val ss = slots
+    var moved = 0L
+    // Newest first: a key updated twice left a hole, then a second one in the first's copy; the
+    // second copy goes back into the first's place, and from there into the oldest hole.
+    var i = holeCount - 1
+    while (i >= 0) {
+      val slot = holeSlot(i)
+      val from = holeFrom(i)
+      val to = holeTo(i)
+      val p = pageIndex(to)
+      // The slot still holds the appended entry, and the hole's page is the one it was in, in use.
+      if (holeStamp(i) == generation && (ss(slot) & AddressMask) == from && pageEpoch(p) == holeEpoch(i) &&
+          pageUsed(p) > 0 && sameLengths(from, to)) {
+        val length = lengthAt(from)
+        System.arraycopy(pageOf(from), offsetOf(from), pages(p), offsetOf(to), length)
+        pageLive(p) += length
+        liveBytes += length
+        setSlot(ss, slot, (ss(slot) & ~AddressMask) | to)
+        release(from, length)
+        moved += length
+      }
+      i -= 1
+    }
+    holeCount = 0
+    // The hole page appended to last goes too once nothing in it is live; else it stays as any page.
+    if (holePage >= 0) { val p = holePage; holePage = -1; if (pageLive(p) == 0) empty(p) }
+    moved
+  }
+
+  /** Holes waiting for [[fillHoles]] (tests). */
+  private[heapstate] def holes: Int = holeCount
 
   /**
    * Moves the live entries out of the emptiest pages while the garbage is more than
@@ -566,7 +675,7 @@ final class EntryTable(expectedKeys: Int = 16) {
     var p = 0
     while (p < pageCount) {
       val u = pageUsed(p)
-      if (u > 0 && p != current && (best < 0 || pageLive(p).toLong * bestUsed < bestLive * u)) {
+      if (u > 0 && p != current && p != holePage && (best < 0 || pageLive(p).toLong * bestUsed < bestLive * u)) {
         best = p; bestLive = pageLive(p); bestUsed = u
       }
       p += 1
@@ -716,6 +825,9 @@ object EntryTable {
   private def tagOf(hash: Int): Long = (hash >>> 10).toLong
   private def pageIndex(s: Long): Int = (((s & AddressMask) >>> OffsetBits) - 1).toInt
   private def addressOf(page: Int, offset: Int): Long = ((page + 1).toLong << OffsetBits) | offset
+
+  /** The most holes [[EntryTable.fillHoles]] is kept waiting for (28 bytes of bookkeeping each). */
+  private val MaxHoles = 1 << 16
 
   /** How many entries ahead [[EntryTable.evacuate]] touches a slot (Java has no prefetch instruction). */
   private val ReadAhead = 8

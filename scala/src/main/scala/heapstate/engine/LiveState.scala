@@ -305,6 +305,8 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
    * `inPlace`: no snapshot view or snapshot writer reads this state's table now, nor can one start
    * before this returns (the engine knows). An update of the same length is then written over the
    * old entry ([[EntryTable.overwriteAt]]) instead of appended; the undo entry holds the old bytes.
+   * The updates of that length appended by earlier commits, made while a snapshot was written, go
+   * back over their old entries too ([[EntryTable.fillHoles]]).
    */
   def applyCommit(prepared: PreparedCommit, keepUndoAbove: Long, inPlace: Boolean): Unit = {
     val newVersion = version + 1
@@ -336,6 +338,8 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     writtenInPlace += written
     version = newVersion
     dropUndoUpTo(keepUndoAbove)
+    // Updates appended while a snapshot was written go back where their old entries were.
+    if (inPlace) movedBackBytes += table.fillHoles()
     // A state still loading its snapshot does not compact: its first batches after a restart stay
     // light, and the garbage journals left is moved at the usual pace once the load is done.
     if (pending == null) compactedBytes += table.compact() else table.skipCompaction()
@@ -345,6 +349,8 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   @volatile var compactedBytes = 0L
   /** Updates commits wrote over the old entry (see `inPlace` in [[applyCommit]]), in all. */
   @volatile var writtenInPlace = 0L
+  /** Bytes of appended updates moved back over their old entries ([[EntryTable.fillHoles]]), in all. */
+  @volatile var movedBackBytes = 0L
 
   /** Whether undo entries cover every version in (target, version]. */
   def canRollBackTo(target: Long): Boolean =

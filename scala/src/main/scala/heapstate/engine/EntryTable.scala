@@ -475,13 +475,17 @@ final class EntryTable(expectedKeys: Int = 16) {
 
   /**
    * [[pageFor]] of an entry that leaves a hole: the page such entries are appended to, apart from
-   * the current page, so that it holds nothing live once they went back, and goes.
+   * the current page, so that it holds nothing live once they went back, and goes. Hole pages live
+   * for one snapshot's length, so they are never larger than [[EntryTable.YoungPageBytes]]: G1
+   * allocates them among the young objects, in memory already in use, where a humongous page
+   * would take a region of its own (its first touch a page fault per 4 KiB, in every store at
+   * once, as their snapshots begin).
    */
   private def holePageFor(length: Int): Int =
     if (length > LargeEntry) newPage(length) else {
       if (holePage < 0 || pageUsed(holePage) + length > pages(holePage).length) {
         val full = holePage
-        holePage = newPage(nextPageBytes(length))
+        holePage = newPage(math.max(length, math.min(nextPageBytes(length), YoungPageBytes)))
         if (full >= 0 && pageLive(full) == 0) empty(full)
       }
       holePage

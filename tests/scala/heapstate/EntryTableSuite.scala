@@ -153,13 +153,19 @@ class EntryTableSuite extends AnyFunSuite {
     t.checkAccounts()
   }
 
-  test("replaceAt updates the slot slotOf found, and refuses once a resize or a removal moved the key") {
+  /** A table of keys 0 to 9 (each its own value), with key 3, the slot it is in and its entry's address. */
+  private def tenKeys(): (EntryTable, Key, Int, Long) = {
     val t = new EntryTable()
     for (k <- 0 until 10) t.put(entry(k, k), Entry.keyHash(entry(k, k)))
     val key3 = Key(keyBytes(3))
     val slot = t.slotOf(key3)
     val found = t.addressAt(slot)
     assert(slot >= 0 && valueAt(t, found) == 3)
+    (t, key3, slot, found)
+  }
+
+  test("replaceAt updates the slot slotOf found, and refuses once a resize or a removal moved the key") {
+    val (t, key3, slot, found) = tenKeys()
     assert(t.slotOf(Key(keyBytes(99))) == -1)
     val stamp = t.stamp
     // Same arrays, and the slot still holds the entry found there: the new entry takes its place.
@@ -197,11 +203,7 @@ class EntryTableSuite extends AnyFunSuite {
   }
 
   test("overwriteAt writes a value of the same length over the old one, and refuses any other") {
-    val t = new EntryTable()
-    for (k <- 0 until 10) t.put(entry(k, k), Entry.keyHash(entry(k, k)))
-    val key3 = Key(keyBytes(3))
-    val slot = t.slotOf(key3)
-    val found = t.addressAt(slot)
+    val (t, key3, slot, found) = tenKeys()
     val (held, garbage, live) = (t.heapBytes, t.garbageBytes, t.entryBytes)
     assert(entry(3, 33).length == entry(3, 3).length)
     assert(t.overwriteAt(slot, t.stamp, found, entry(3, 33)))

@@ -218,22 +218,25 @@ final class EntryTable(expectedKeys: Int = 16) {
    * A new entry of the old one's lengths is appended too (an update made while a snapshot is
    * written), and the old entry's place is kept as a hole for [[fillHoles]].
    */
-  def replaceAt(slot: Int, stamp: Int, expected: Long, entry: Array[Byte]): Boolean = {
+  def replaceAt(slot: Int, stamp: Int, expected: Long, entry: Array[Byte]): Boolean =
+    stillAt(slot, stamp, expected) && {
+      val ss = slots
+      val length = lengthAt(expected)
+      // The same key and length: the same lengths, so the old entry's place is kept as a hole.
+      val hole = length == entry.length && holeCount < MaxHoles
+      val moved = append(entry, Platform.BYTE_ARRAY_OFFSET, entry.length, hole) // an entry array is laid out as in a page
+      setSlot(ss, slot, (ss(slot) & ~AddressMask) | moved) // the new entry is published before the old one can be dropped
+      if (hole) keepHole(slot, moved, expected)
+      release(expected, length)
+      true
+    }
+
+  /** Whether `slot` (from [[slotOf]] under `stamp`) still holds the entry at `expected`. */
+  private def stillAt(slot: Int, stamp: Int, expected: Long): Boolean = {
     val ss = slots
-    if (stamp != generation || slot < 0 || slot >= ss.length || expected == NoEntry) false
-    else {
+    stamp == generation && slot >= 0 && slot < ss.length && expected != NoEntry && {
       val s = ss(slot)
-      if (s == Empty || s == Deleted || (s & AddressMask) != expected) false
-      else {
-        val length = lengthAt(expected)
-        // The same key and length: the same lengths, so the old entry's place is kept as a hole.
-        val hole = length == entry.length && holeCount < MaxHoles
-        val moved = append(entry, Platform.BYTE_ARRAY_OFFSET, entry.length, hole) // an entry array is laid out as in a page
-        setSlot(ss, slot, (s & ~AddressMask) | moved) // the new entry is published before the old one can be dropped
-        if (hole) keepHole(slot, moved, expected)
-        release(expected, length)
-        true
-      }
+      s != Empty && s != Deleted && (s & AddressMask) == expected
     }
   }
 
@@ -248,26 +251,18 @@ final class EntryTable(expectedKeys: Int = 16) {
    * [[foreach]] is running and no snapshot writer still reads bytes it was handed (see "In-place
    * updates" in the class comment). The writer's thread.
    */
-  def overwriteAt(slot: Int, stamp: Int, expected: Long, entry: Array[Byte]): Boolean = {
-    val ss = slots
-    if (stamp != generation || slot < 0 || slot >= ss.length || expected == NoEntry) false
-    else {
-      val s = ss(slot)
-      if (s == Empty || s == Deleted || (s & AddressMask) != expected) false
-      else {
-        val page = pageOf(expected)
-        val at = offsetOf(expected)
-        val keyLength = Entry.keyLength(entry, 0)
-        if (Entry.keyLength(page, at) != keyLength || Entry.valueLength(page, at) != Entry.valueLength(entry, 0)) false
-        else {
-          // The key bytes are the same (the slot holds this key), and so is the header.
-          val from = Entry.HeaderBytes + keyLength
-          System.arraycopy(entry, from, page, at + from, entry.length - from)
-          true
-        }
+  def overwriteAt(slot: Int, stamp: Int, expected: Long, entry: Array[Byte]): Boolean =
+    stillAt(slot, stamp, expected) && {
+      val page = pageOf(expected)
+      val at = offsetOf(expected)
+      val keyLength = Entry.keyLength(entry, 0)
+      Entry.keyLength(page, at) == keyLength && Entry.valueLength(page, at) == Entry.valueLength(entry, 0) && {
+        // The key bytes are the same (the slot holds this key), and so is the header.
+        val from = Entry.HeaderBytes + keyLength
+        System.arraycopy(entry, from, page, at + from, entry.length - from)
+        true
       }
     }
-  }
 
   /**
    * Stores a copy of the entry array `entry` (whose key hashes to `hash`) in place of any entry of

@@ -87,6 +87,74 @@ def test_streaming_aggregation_update_mode(spark: SparkSession, tmp_path: Path) 
     assert ("a", 4, 15) in run.rows_after_restart()
 
 
+def test_streaming_aggregation_complete_mode(spark: SparkSession, tmp_path: Path) -> None:
+    # Complete mode emits every key's row from the store's iterator, before the store commits
+    # the batch's updates (heapstate writes those in place, over the rows it handed out).
+    source = Source("k STRING, v INT", rows_of(AGG_BATCHES))
+    run = run_on_both_providers(spark, tmp_path, {"in": source}, build_aggregation, "complete")
+
+    count: dict[str, int] = {}
+    total: dict[str, int] = {}
+    expected = []
+    for batch_id, batch in enumerate(AGG_BATCHES):
+        for k, v in batch:
+            count[k] = count.get(k, 0) + 1
+            total[k] = total.get(k, 0) + v
+        expected.append((batch_id, sorted((k, count[k], total[k]) for k in count)))
+    assert run.batches == expected
+    # Restored state: 'b' is emitted after the restart from its rows before it alone.
+    assert ("b", 2, 8) in run.rows_after_restart()
+
+
+WINDOW_BATCHES = [
+    [("a", 1, 0), ("a", 2, 3), ("b", 3, 5)],
+    [("a", 4, 12), ("b", 5, 14)],
+    [("a", 6, 25)],  # the watermark moves to 15: window [0, 10) closes
+    [("a", 7, 18), ("c", 8, 27)],  # after the restart: 18 is not late, [10, 20) is still open
+    [("a", 9, 41)],  # the watermark moves to 31: [10, 20) and [20, 30) close
+    [("b", 10, 62)],  # the watermark moves to 52: [40, 50) closes
+]
+
+
+def build_windowed_aggregation(s: Mapping[str, DataFrame]) -> DataFrame:
+    return (
+        with_event_time(s["in"])
+        .groupBy(F.window("ts", "10 minutes").alias("w"), "k")
+        .agg(F.count("*").alias("n"), F.sum("v").alias("total"))
+        .select(
+            "k",
+            F.expr(minutes("w.start")).alias("start"),
+            F.expr(minutes("w.end")).alias("end"),
+            "n",
+            "total",
+        )
+    )
+
+
+def test_windowed_aggregation_append_mode(spark: SparkSession, tmp_path: Path) -> None:
+    # Append mode emits a window's row from the store once the watermark passes its end, and
+    # removes it, before the store commits.
+    source = Source("k STRING, v INT, t INT", rows_of(WINDOW_BATCHES))
+    run = run_on_both_providers(
+        spark, tmp_path, {"in": source}, build_windowed_aggregation, "append"
+    )
+
+    # A batch evicts with the watermark of the batches before it (max event time - 10); each
+    # run ends with a batch of no data that evicts with the watermark its last batch set.
+    assert run.batches == [
+        (0, []),
+        (1, []),
+        (2, []),
+        (3, [("a", 0, 10, 2, 3), ("b", 0, 10, 1, 3)]),
+        (4, []),
+        (5, []),
+        (6, [("a", 10, 20, 2, 11), ("a", 20, 30, 1, 6), ("b", 10, 20, 1, 5), ("c", 20, 30, 1, 8)]),
+        (7, [("a", 40, 50, 1, 9)]),
+    ]
+    # Restored state: 'a' in [10, 20) counts its row from before the restart.
+    assert ("a", 10, 20, 2, 11) in run.rows_after_restart()
+
+
 # --------------------------------------------------------------------------------------------
 # dropDuplicates
 

@@ -35,7 +35,15 @@ class ConcurrentSnapshotSuite extends AnyFunSuite {
     engine.commit(0, warm); models(1L) = model
     val stop = new AtomicBoolean(false)
     val written = mutable.ArrayBuffer.empty[Long]
-    val snapshotter = new Thread(() => while (!stop.get()) engine.snapshotIfDue(force = true).foreach(v => written.synchronized(written += v)))
+    val commits = new java.util.concurrent.atomic.AtomicLong
+    // After each snapshot the snapshotter waits for two commits to end: the second began after
+    // the snapshot ended, so it writes in place and moves back what was appended meanwhile.
+    val snapshotter = new Thread(() =>
+      while (!stop.get()) {
+        engine.snapshotIfDue(force = true).foreach(v => written.synchronized(written += v))
+        val after = commits.get
+        while (!stop.get() && commits.get < after + 2) Thread.onSpinWait()
+      })
     snapshotter.start()
     for (v <- 1L until 200L) {
       val cs = new ChangeSet(engine.live)
@@ -45,8 +53,18 @@ class ConcurrentSnapshotSuite extends AnyFunSuite {
         else { val x = rng.nextLong(); val kk = key(k); cs.put(kk, Entry(kk.bytes, value(x))); model += k -> x }
       }
       engine.commit(v, cs); models(v + 1) = model
+      commits.incrementAndGet()
     }
     stop.set(true); snapshotter.join()
+    // The live state itself, and its memory count, after all that.
+    val live = mutable.Map.empty[Int, Long]
+    engine.live.iterator.foreach { a =>
+      val page = engine.live.pageOf(a); val at = engine.live.offsetOf(a)
+      live(java.nio.ByteBuffer.wrap(Entry.key(page, at)).getLong.toInt) = java.nio.ByteBuffer.wrap(Entry.value(page, at)).getLong
+    }
+    assert(live.toMap == model, s"seed $seed: the live state differs from the model")
+    val (counted, recounted) = engine.memoryAccounts
+    assert(counted == recounted, s"seed $seed: the live state's running memory count")
     // Compaction ran between the views (it waits while one is open) and moved entries the views
     // and the snapshot files then read; commits made while no snapshot was being written wrote
     // their updates in place, over entries that earlier views had read, and moved the updates

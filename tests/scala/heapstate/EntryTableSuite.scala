@@ -285,28 +285,49 @@ class EntryTableSuite extends AnyFunSuite {
       t.checkAccounts()
       assert(t.heapBytes == t.heapBytesRecounted, what)
     }
-    // Distinct updates of the same lengths, some keys twice: all go back, no garbage stays.
-    for (_ <- 0 until 3000) { val k = rnd.nextInt(20000); val v = rnd.nextLong(); update(k, fixedEntry(k, v)); model += k -> v }
-    assert(t.garbageBytes > 0 && t.holes > 0)
+    // Distinct updates of the same lengths, some keys twice, over several hole pages: all go
+    // back, and no garbage stays.
+    val entryBytes = t.entryBytes
+    for (_ <- 0 until 8000) { val k = rnd.nextInt(20000); val v = rnd.nextLong(); update(k, fixedEntry(k, v)); model += k -> v }
+    assert(t.garbageBytes > 0 && t.holes == 8000)
     val held = t.heapBytes
-    t.fillHoles()
+    assert(t.fillHoles() > 0)
     check("after the first fill")
-    assert(t.garbageBytes == 0 && t.holes == 0, s"${t.garbageBytes} bytes of garbage stayed")
+    assert(t.garbageBytes == 0 && t.entryBytes == entryBytes, s"${t.garbageBytes} bytes of garbage stayed")
     assert(t.heapBytes < held, "the pages appended to were not dropped")
-    // Holes whose key was removed since, updated with another length since, or moved by compaction
-    // stay garbage; the others go back.
-    for (_ <- 0 until 3000) { val k = rnd.nextInt(20000); val v = rnd.nextLong(); update(k, fixedEntry(k, v)); model += k -> v }
-    for (k <- model.keys.toSeq.sorted.take(500)) { t.remove(Key(keyBytes(k))); model -= k }
-    for (k <- model.keys.toSeq.sorted.slice(500, 900)) { update(k, entry(k, 1L)); model += k -> 1L }
-    t.compact()
-    t.fillHoles()
+    // Holes whose key was removed since or updated with another length since stay garbage, and so
+    // do their keys' copies; the others go back.
+    val updates = Seq.fill(3000)(rnd.nextInt(20000)) // a key may come twice or more
+    for (k <- updates) { val v = rnd.nextLong(); update(k, fixedEntry(k, v)); model += k -> v }
+    val distinct = updates.distinct
+    val removed = distinct.take(300).toSet
+    val resized = distinct.slice(300, 500).toSet
+    removed.foreach { k => t.remove(Key(keyBytes(k))); model -= k }
+    resized.foreach { k => update(k, entry(k, 1L)); model += k -> 1L }
+    val garbage = t.garbageBytes
+    val moved = t.fillHoles()
     check("after fills skipped removed and re-sized keys")
-    assert(t.holes == 0)
+    // Each update of a key still there with its length went back, one move per update (a key
+    // updated twice goes back twice); the pages appended to emptied; what stays garbage is the
+    // first place of each removed or re-sized key.
+    def length(k: Int): Long = fixedEntry(k, 0).length.toLong
+    val back = updates.filterNot(k => removed(k) || resized(k)).map(length).sum
+    assert(moved == back, s"moved $moved bytes, not the $back of the updates that could go back")
+    val left = (removed ++ resized).toSeq.map(length).sum
+    assert(t.garbageBytes == left && left < garbage, s"${t.garbageBytes} bytes of garbage, not $left")
+    // A hole whose page compaction emptied is skipped: its entry stays where it was appended.
+    for (_ <- 0 until 3000) {
+      val k = rnd.nextInt(20000)
+      if (model.contains(k)) { val v = rnd.nextLong(); update(k, fixedEntry(k, v)); model += k -> v }
+    }
+    assert(t.compact() > 0, "compaction moved nothing")
+    t.fillHoles()
+    check("after a fill that followed compaction")
     // A resize in between: no slot number holds, and nothing moves.
     for (_ <- 0 until 500) { val k = rnd.nextInt(20000); if (model.contains(k)) { val v = rnd.nextLong(); update(k, fixedEntry(k, v)); model += k -> v } }
-    val garbage = t.garbageBytes
+    val garbageBeforeResize = t.garbageBytes
     for (k <- 100000 until 140000) { val e = fixedEntry(k, k); t.put(e, Entry.keyHash(e)); model += k -> k.toLong }
-    assert(t.fillHoles() == 0 && t.garbageBytes == garbage)
+    assert(t.fillHoles() == 0 && t.garbageBytes == garbageBeforeResize)
     check("after a resize")
   }
 

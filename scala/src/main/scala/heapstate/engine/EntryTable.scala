@@ -141,7 +141,9 @@ final class EntryTable(expectedKeys: Int = 16) {
    * The page that holds the entry at `address` (from this table, with no change since). It checks
    * that the entry lies within the page: a reader on another thread than the writer's (a second
    * task on one store, which the table does not support) may hold an address whose page was
-   * dropped since, and gets an exception rather than rows that point past an array.
+   * dropped since, and gets an exception rather than rows that point past an array. (An entry a
+   * commit writes in place, or moves back into its hole, changes under such a reader with no
+   * exception: it reads the new bytes, or a mix of old and new.)
    */
   def pageOf(address: Long): Array[Byte] = {
     val page = pages(pageIndex(address))
@@ -329,7 +331,7 @@ final class EntryTable(expectedKeys: Int = 16) {
   def clear(): Unit = {
     live = 0; used = 0
     pageUsed = new Array(16); pageLive = new Array(16); pageEpoch = new Array(16); pageCount = 0; freeCount = 0
-    retiredCount = 0; holeCount = 0
+    retiredCount = 0; holeCount = 0; dropHoleLists()
     current = -1; holePage = -1; liveBytes = 0; usedBytes = 0; heldBytes = 0; appendedSinceCompaction = 0
     generation += 1
     pages = new Array(16)
@@ -580,9 +582,12 @@ final class EntryTable(expectedKeys: Int = 16) {
     drops += 1
   }
 
-  /** Whether the entries at addresses `a` and `b` have the same key and value lengths. */
+  /**
+   * Whether the entries at addresses `a` and `b` have the same key and value lengths. Through
+   * [[pageOf]]: an address whose page is gone is an exception here, not a read past an array.
+   */
   private def sameLengths(a: Long, b: Long): Boolean = {
-    val (pa, pb) = (pages(pageIndex(a)), pages(pageIndex(b)))
+    val (pa, pb) = (pageOf(a), pageOf(b))
     val (at, bt) = (offsetOf(a), offsetOf(b))
     Entry.keyLength(pa, at) == Entry.keyLength(pb, bt) && Entry.valueLength(pa, at) == Entry.valueLength(pb, bt)
   }
@@ -604,8 +609,10 @@ final class EntryTable(expectedKeys: Int = 16) {
    * Moves each entry that [[replaceAt]] appended over an entry of the same lengths back into the
    * dead entry's place, when the slot still holds it and that page is still in use; forgets every
    * hole. Those appends went to pages of their own ([[holePage]]), which then hold nothing live and
-   * go, and no garbage is left for [[compact]] to move: updates made while a snapshot was written
-   * cost a copy each, once it is done. Returns the bytes moved.
+   * go: updates made while a snapshot was written cost a copy each, once it is done, and leave no
+   * garbage for [[compact]] to move. A hole that is skipped (its key removed or changed since, its
+   * page emptied by compaction) stays garbage, and so may the copy that could not go back.
+   * Returns the bytes moved.
    *
    * Only under the same condition as [[overwriteAt]] (no reader holds an address or a page), and
    * it is what moving an entry is anyway: a live entry goes to a place of its own size that no slot
@@ -636,9 +643,16 @@ final class EntryTable(expectedKeys: Int = 16) {
       i -= 1
     }
     holeCount = 0
+    // The lists are for the next snapshot's updates; one snapshot's many need not stay allocated.
+    if (holeFrom.length > 1024) dropHoleLists()
     // The hole page appended to last goes too once nothing in it is live; else it stays as any page.
     if (holePage >= 0) { val p = holePage; holePage = -1; if (pageLive(p) == 0) empty(p) }
     moved
+  }
+
+  private def dropHoleLists(): Unit = {
+    holeSlot = new Array(0); holeStamp = new Array(0); holeEpoch = new Array(0)
+    holeFrom = new Array(0); holeTo = new Array(0)
   }
 
   /** Holes waiting for [[fillHoles]] (tests). */

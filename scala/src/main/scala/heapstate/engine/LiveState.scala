@@ -431,8 +431,10 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
    * Emits the state as of committed version `s` (<= `version`), as described in the class
    * comment, while commits may go on. The caller holds the snapshot lock and keeps undo entries
    * above `s` alive until this returns. `emit` gets each entry (an array and the entry's offset in
-   * it, a table page's or an undo record's, bytes that never change) with its key's hash, which
-   * the view computes once for its own look-ups and the snapshot's buckets.
+   * it, a table page's or an undo record's) with its key's hash, which the view computes once for
+   * its own look-ups and the snapshot's buckets. The bytes do not change until the caller's
+   * snapshot ends, however long after this returns it reads them: commits write nothing in place
+   * while a snapshot is being written (see `inPlace` in [[applyCommit]]).
    */
   def writeSnapshotView(s: Long, emit: LiveState.ViewVisitor): Unit = {
     require(pending == null, "a snapshot view of a state whose snapshot is still loading")

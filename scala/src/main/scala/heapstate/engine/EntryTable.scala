@@ -582,16 +582,6 @@ final class EntryTable(expectedKeys: Int = 16) {
     drops += 1
   }
 
-  /**
-   * Whether the entries at addresses `a` and `b` have the same key and value lengths. Through
-   * [[pageOf]]: an address whose page is gone is an exception here, not a read past an array.
-   */
-  private def sameLengths(a: Long, b: Long): Boolean = {
-    val (pa, pb) = (pageOf(a), pageOf(b))
-    val (at, bt) = (offsetOf(a), offsetOf(b))
-    Entry.keyLength(pa, at) == Entry.keyLength(pb, bt) && Entry.valueLength(pa, at) == Entry.valueLength(pb, bt)
-  }
-
   /** Records that the entry in `slot` was appended at `from`, leaving the dead entry at `to` (see [[fillHoles]]). */
   private def keepHole(slot: Int, from: Long, to: Long): Unit = {
     if (holeCount == holeFrom.length) {
@@ -631,14 +621,20 @@ final class EntryTable(expectedKeys: Int = 16) {
       val p = pageIndex(to)
       // The slot still holds the appended entry, and the hole's page is the one it was in, in use.
       if (holeStamp(i) == generation && (ss(slot) & AddressMask) == from && pageEpoch(p) == holeEpoch(i) &&
-          pageUsed(p) > 0 && sameLengths(from, to)) {
-        val length = lengthAt(from)
-        System.arraycopy(pageOf(from), offsetOf(from), pages(p), offsetOf(to), length)
-        pageLive(p) += length
-        liveBytes += length
-        setSlot(ss, slot, (ss(slot) & ~AddressMask) | to)
-        release(from, length)
-        moved += length
+          pageUsed(p) > 0) {
+        // Both through pageOf: an address whose page is gone is an exception, not a read past an array.
+        val (src, dst) = (pageOf(from), pageOf(to))
+        val (fromAt, toAt) = (offsetOf(from), offsetOf(to))
+        if (Entry.keyLength(src, fromAt) == Entry.keyLength(dst, toAt) &&
+            Entry.valueLength(src, fromAt) == Entry.valueLength(dst, toAt)) {
+          val length = Entry.length(src, fromAt)
+          System.arraycopy(src, fromAt, dst, toAt, length)
+          pageLive(p) += length
+          liveBytes += length
+          setSlot(ss, slot, (ss(slot) & ~AddressMask) | to)
+          release(from, length)
+          moved += length
+        }
       }
       i -= 1
     }

@@ -61,8 +61,12 @@ AGG_BATCHES = [
 ]
 
 
-def aggregation_model(batches: Sequence[Sequence[tuple[str, int]]]) -> list[tuple[int, Rows]]:
-    """Update mode: each batch emits the running count and sum of the keys it touched."""
+def aggregation_model(
+    batches: Sequence[Sequence[tuple[str, int]]], complete: bool = False
+) -> list[tuple[int, Rows]]:
+    """Update mode: each batch emits the running count and sum of the keys it touched.
+
+    Complete mode (``complete=True``): each batch emits those of every key seen so far."""
     count: dict[str, int] = {}
     total: dict[str, int] = {}
     out = []
@@ -70,7 +74,8 @@ def aggregation_model(batches: Sequence[Sequence[tuple[str, int]]]) -> list[tupl
         for k, v in batch:
             count[k] = count.get(k, 0) + 1
             total[k] = total.get(k, 0) + v
-        out.append((batch_id, sorted((k, count[k], total[k]) for k in {k for k, _ in batch})))
+        emitted = count.keys() if complete else {k for k, _ in batch}
+        out.append((batch_id, sorted((k, count[k], total[k]) for k in emitted)))
     return out
 
 
@@ -93,15 +98,7 @@ def test_streaming_aggregation_complete_mode(spark: SparkSession, tmp_path: Path
     source = Source("k STRING, v INT", rows_of(AGG_BATCHES))
     run = run_on_both_providers(spark, tmp_path, {"in": source}, build_aggregation, "complete")
 
-    count: dict[str, int] = {}
-    total: dict[str, int] = {}
-    expected = []
-    for batch_id, batch in enumerate(AGG_BATCHES):
-        for k, v in batch:
-            count[k] = count.get(k, 0) + 1
-            total[k] = total.get(k, 0) + v
-        expected.append((batch_id, sorted((k, count[k], total[k]) for k in count)))
-    assert run.batches == expected
+    assert run.batches == aggregation_model(AGG_BATCHES, complete=True)
     # Restored state: 'b' is emitted after the restart from its rows before it alone.
     assert ("b", 2, 8) in run.rows_after_restart()
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pytest
 from conftest import (
     EPOCH_2024,
     Build,
@@ -26,6 +27,7 @@ from conftest import (
     Source,
     event_time,
     minutes,
+    offset_log_metadata,
     run_on_both_providers,
 )
 from pyspark import cloudpickle
@@ -101,6 +103,28 @@ def test_streaming_aggregation_complete_mode(spark: SparkSession, tmp_path: Path
     assert run.batches == aggregation_model(AGG_BATCHES, complete=True)
     # Restored state: 'b' is emitted after the restart from its rows before it alone.
     assert ("b", 2, 8) in run.rows_after_restart()
+
+
+AGG_STATE_FORMAT = "spark.sql.streaming.aggregation.stateFormatVersion"
+
+
+@pytest.mark.parametrize("mode", ["update", "complete"])
+def test_streaming_aggregation_state_format_1(
+    spark: SparkSession, tmp_path: Path, mode: str
+) -> None:
+    # Spark's legacy state format 1 stores the whole output row as the value, and complete mode
+    # emits the store's rows themselves (format 2 builds a new row from key and value).
+    source = Source("k STRING, v INT", rows_of(AGG_BATCHES))
+    before = spark.conf.get(AGG_STATE_FORMAT)
+    spark.conf.set(AGG_STATE_FORMAT, "1")
+    try:
+        run = run_on_both_providers(spark, tmp_path, {"in": source}, build_aggregation, mode)
+    finally:
+        spark.conf.set(AGG_STATE_FORMAT, before)
+
+    assert offset_log_metadata(run.checkpoint, 0)["conf"][AGG_STATE_FORMAT] == "1"
+    assert run.batches == aggregation_model(AGG_BATCHES, complete=mode == "complete")
+    assert ("a", 4, 15) in run.rows_after_restart()
 
 
 WINDOW_BATCHES = [

@@ -309,8 +309,13 @@ final class StateEngine(
     val liveBaseId = if (newId.isDefined) Option(lineageIds.get(baseVersion)) else None
     val prepared = st.prepareCommit(changes)
     val bytes = files.writeJournal(newVersion, settings.codec, newId, liveBaseId, prepared.keyDelta) { w =>
-      changes.foreach { (key, entry) =>
-        if (Tombstone.is(entry)) w.delete(key.bytes) else w.putEntry(entry)
+      // From the prepared arrays, in the same order as the change set: walking its hash map again
+      // would chase one node per key (at a million new keys, about a tenth of a second).
+      val (keys, values) = (prepared.keys, prepared.values)
+      var i = 0
+      while (i < keys.length) {
+        if (Tombstone.is(values(i))) w.delete(keys(i).bytes) else w.putEntry(values(i))
+        i += 1
       }
     }
     // In format v2 a re-run writes a file of its own id, and no older file describes it.

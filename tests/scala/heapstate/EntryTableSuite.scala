@@ -331,6 +331,23 @@ class EntryTableSuite extends AnyFunSuite {
     check("after a resize")
   }
 
+  test("reserve makes room for that many more keys at once: the puts that follow never resize") {
+    val t = new EntryTable()
+    for (k <- 0 until 100) t.put(entry(k, k), Entry.keyHash(entry(k, k)))
+    val kb = keyBytes(7)
+    t.remove(kb, Platform.BYTE_ARRAY_OFFSET, kb.length, Key(kb).hashCode) // a Deleted marker the rehash drops
+    val before = t.stamp
+    t.reserve(50000)
+    assert(t.stamp == before + 1 && t.capacity == EntryTable.capacityFor(99 + 50000))
+    val (stamp, capacity) = (t.stamp, t.capacity)
+    for (k <- 100 until 50099) t.put(entry(k, k * 3L), Entry.keyHash(entry(k, k * 3L)))
+    assert(t.stamp == stamp && t.capacity == capacity, "a put resized the table after reserve")
+    t.reserve(1) // room enough already: nothing moves
+    assert(t.stamp == stamp)
+    assert(contents(t) == ((0 until 100).filter(_ != 7).map(k => k -> k.toLong) ++ (100 until 50099).map(k => k -> k * 3L)).toMap)
+    t.checkAccounts()
+  }
+
   test("commits update keys in the slots they were found in: state and memory count exact, through resizes") {
     val rnd = new scala.util.Random(5)
     val live = new LiveState(None, 0)

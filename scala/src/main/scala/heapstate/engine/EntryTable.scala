@@ -738,8 +738,23 @@ final class EntryTable(expectedKeys: Int = 16) {
 
   /** Rehashes into a fresh slot array, dropping [[Deleted]] markers; doubles when more than half full. */
   private def resize(): Unit = {
+    val length = slots.length
+    rehash(if (live + 1 > length / 2) length * 2 else length)
+  }
+
+  /**
+   * Makes room for `more` keys beyond those in the table, so that a commit that adds that many
+   * (a query's first batch, say) rehashes once, up front, instead of at each doubling on the way:
+   * a rehash reads every live entry's key again, from pages long out of the cache.
+   */
+  def reserve(more: Long): Unit = {
+    val capacity = capacityFor(math.min(live + more, 1L << 29).toInt)
+    if (capacity > slots.length) rehash(capacity)
+  }
+
+  /** Rehashes into a fresh slot array of `newCapacity` slots (a power of two), dropping [[Deleted]] markers. */
+  private def rehash(newCapacity: Int): Unit = {
     val old = slots
-    val newCapacity = if (live + 1 > old.length / 2) old.length * 2 else old.length
     val ss = new Array[Long](newCapacity)
     val mask = newCapacity - 1
     val ps = pages

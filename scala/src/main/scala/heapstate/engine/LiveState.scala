@@ -321,6 +321,8 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     val keys = prepared.keys
     val values = prepared.values
     val slots = prepared.slots
+    // Without slots kept (a first commit, or a state still loading) no look-up is lost to a resize.
+    if (slots == null && prepared.keyDelta > 0) table.reserve(prepared.keyDelta)
     var written = 0L
     var i = 0
     while (i < keys.length) { // the table copies the change set's entries into its pages

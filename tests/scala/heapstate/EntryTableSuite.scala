@@ -338,12 +338,19 @@ class EntryTableSuite extends AnyFunSuite {
     t.remove(kb, Platform.BYTE_ARRAY_OFFSET, kb.length, Key(kb).hashCode) // a Deleted marker the rehash drops
     val before = t.stamp
     t.reserve(50000)
-    assert(t.stamp == before + 1 && t.capacity == EntryTable.capacityFor(99 + 50000))
+    // The capacity puts up to 50,099 keys grow the table to, and no more.
+    assert(t.stamp == before + 1 && t.capacity == 131072)
     val (stamp, capacity) = (t.stamp, t.capacity)
     for (k <- 100 until 50099) t.put(entry(k, k * 3L), Entry.keyHash(entry(k, k * 3L)))
     assert(t.stamp == stamp && t.capacity == capacity, "a put resized the table after reserve")
     t.reserve(1) // room enough already: nothing moves
     assert(t.stamp == stamp)
+    // Never more room than the puts would have made: 131,072 slots take 98,304 keys before a put
+    // resizes (at three quarters full, see put), and one key more doubles them.
+    t.reserve(98304 - 50098)
+    assert(t.stamp == stamp && t.capacity == 131072)
+    t.reserve(98305 - 50098)
+    assert(t.stamp == stamp + 1 && t.capacity == 262144)
     assert(contents(t) == ((0 until 100).filter(_ != 7).map(k => k -> k.toLong) ++ (100 until 50099).map(k => k -> k * 3L)).toMap)
     t.checkAccounts()
   }

@@ -748,7 +748,10 @@ final class EntryTable(expectedKeys: Int = 16) {
    * a rehash reads every live entry's key again, from pages long out of the cache.
    */
   def reserve(more: Long): Unit = {
-    val capacity = capacityFor(math.min(live + more, 1L << 29).toInt)
+    // The capacity the puts would have grown the table to (see `put`), not a larger one.
+    val keys = math.min(live + more, 1L << 29)
+    var capacity = slots.length
+    while (keys > capacity - (capacity >>> 2)) capacity <<= 1
     if (capacity > slots.length) rehash(capacity)
   }
 

@@ -38,24 +38,32 @@ class ConcurrentSnapshotSuite extends AnyFunSuite {
     val commits = new java.util.concurrent.atomic.AtomicLong
     // After each snapshot the snapshotter waits for two commits to end: the second began after
     // the snapshot ended, so it writes in place and moves back what was appended meanwhile.
+    // What ends the snapshot thread other than `stop`: rethrown below, since a thread's exception
+    // would otherwise only be printed, and the test would fail later on a symptom of it.
+    val snapshotterFailure = new java.util.concurrent.atomic.AtomicReference[Throwable]()
     val snapshotter = new Thread(() =>
-      while (!stop.get()) {
-        engine.snapshotIfDue(force = true).foreach(v => written.synchronized(written += v))
-        val after = commits.get
-        while (!stop.get() && commits.get < after + 2) Thread.onSpinWait()
-      })
+      try {
+        while (!stop.get()) {
+          engine.snapshotIfDue(force = true).foreach(v => written.synchronized(written += v))
+          val after = commits.get
+          while (!stop.get() && commits.get < after + 2) Thread.onSpinWait()
+        }
+      } catch { case e: Throwable => snapshotterFailure.set(e) })
+    snapshotter.setDaemon(true)
     snapshotter.start()
-    for (v <- 1L until 200L) {
-      val cs = new ChangeSet(engine.live)
-      for (_ <- 0 until 500) {
-        val k = rng.nextInt(60000)
-        if (rng.nextInt(4) == 0) { cs.remove(key(k)); model -= k }
-        else { val x = rng.nextLong(); val kk = key(k); cs.put(kk, Entry(kk.bytes, value(x))); model += k -> x }
+    try {
+      for (v <- 1L until 200L) {
+        val cs = new ChangeSet(engine.live)
+        for (_ <- 0 until 500) {
+          val k = rng.nextInt(60000)
+          if (rng.nextInt(4) == 0) { cs.remove(key(k)); model -= k }
+          else { val x = rng.nextLong(); val kk = key(k); cs.put(kk, Entry(kk.bytes, value(x))); model += k -> x }
+        }
+        engine.commit(v, cs); models(v + 1) = model
+        commits.incrementAndGet()
       }
-      engine.commit(v, cs); models(v + 1) = model
-      commits.incrementAndGet()
-    }
-    stop.set(true); snapshotter.join()
+    } finally { stop.set(true); snapshotter.join() }
+    Option(snapshotterFailure.get).foreach(e => throw new AssertionError(s"seed $seed: the snapshot thread failed", e))
     // The live state itself, and its memory count, after all that.
     val live = mutable.Map.empty[Int, Long]
     engine.live.iterator.foreach { a =>
@@ -69,13 +77,13 @@ class ConcurrentSnapshotSuite extends AnyFunSuite {
     // and the snapshot files then read; commits made while no snapshot was being written wrote
     // their updates in place, over entries that earlier views had read, and moved the updates
     // appended during the snapshots back over their old entries.
-    assert(engine.live.compactedBytes > 0, "the live table's compaction moved nothing")
-    assert(engine.live.writtenInPlace > 0, "no update was written in place between the snapshots")
-    assert(engine.live.movedBackBytes > 0, "no update appended during a snapshot went back over its old entry")
+    assert(engine.live.compactedBytes > 0, s"seed $seed: the live table's compaction moved nothing")
+    assert(engine.live.writtenInPlace > 0, s"seed $seed: no update was written in place between the snapshots")
+    assert(engine.live.movedBackBytes > 0, s"seed $seed: no update appended during a snapshot went back over its old entry")
     info(s"compaction moved ${engine.live.compactedBytes} bytes; ${engine.live.writtenInPlace} updates written in " +
       s"place; ${engine.live.movedBackBytes} bytes of appended updates moved back")
     val versions = written.synchronized(written.toList)
-    assert(versions.size >= 3, s"only ${versions.size} snapshots were written during the run")
+    assert(versions.size >= 3, s"seed $seed: only ${versions.size} snapshots were written during the run")
     // Snapshots are overwritten by later ones only at the same version; read each survivor.
     val onDisk = files.list().filter(_.kind == StateFileNames.Snapshot)
     assert(onDisk.nonEmpty)

@@ -257,10 +257,9 @@ final class EntryTable(expectedKeys: Int = 16) {
     stillAt(slot, stamp, expected) && {
       val page = pageOf(expected)
       val at = offsetOf(expected)
-      val keyLength = Entry.keyLength(entry, 0)
-      Entry.keyLength(page, at) == keyLength && Entry.valueLength(page, at) == Entry.valueLength(entry, 0) && {
+      Entry.sameLengths(page, at, entry, 0) && {
         // The key bytes are the same (the slot holds this key), and so is the header.
-        val from = Entry.HeaderBytes + keyLength
+        val from = Entry.HeaderBytes + Entry.keyLength(entry, 0)
         System.arraycopy(entry, from, page, at + from, entry.length - from)
         true
       }
@@ -625,8 +624,7 @@ final class EntryTable(expectedKeys: Int = 16) {
         // Both through pageOf: an address whose page is gone is an exception, not a read past an array.
         val (src, dst) = (pageOf(from), pageOf(to))
         val (fromAt, toAt) = (offsetOf(from), offsetOf(to))
-        if (Entry.keyLength(src, fromAt) == Entry.keyLength(dst, toAt) &&
-            Entry.valueLength(src, fromAt) == Entry.valueLength(dst, toAt)) {
+        if (Entry.sameLengths(src, fromAt, dst, toAt)) {
           val length = Entry.length(src, fromAt)
           System.arraycopy(src, fromAt, dst, toAt, length)
           pageLive(p) += length
@@ -894,6 +892,9 @@ object Entry {
   def valueLength(b: Array[Byte], at: Int): Int = Platform.getInt(b, Base + at + 4)
   /** The whole entry's length, header included. */
   def length(b: Array[Byte], at: Int): Int = HeaderBytes + keyLength(b, at) + valueLength(b, at)
+  /** Whether the entries at `a(aAt)` and `b(bAt)` have the same key and value lengths: one can be written over the other. */
+  def sameLengths(a: Array[Byte], aAt: Int, b: Array[Byte], bAt: Int): Boolean =
+    keyLength(a, aAt) == keyLength(b, bAt) && valueLength(a, aAt) == valueLength(b, bAt)
   def keyStart(at: Int): Int = at + HeaderBytes
   def valueStart(b: Array[Byte], at: Int): Int = at + HeaderBytes + keyLength(b, at)
 

@@ -95,8 +95,8 @@ def test_streaming_aggregation_update_mode(spark: SparkSession, tmp_path: Path) 
 
 
 def test_streaming_aggregation_complete_mode(spark: SparkSession, tmp_path: Path) -> None:
-    # Complete mode emits every key's row from the store's iterator, before the store commits
-    # the batch's updates (heapstate writes those in place, over the rows it handed out).
+    # Complete mode commits the batch's updates (heapstate writes them in place) and then emits
+    # every key's row from the store's iterator: rows read after the commit, from its pages.
     source = Source("k STRING, v INT", rows_of(AGG_BATCHES))
     run = run_on_both_providers(spark, tmp_path, {"in": source}, build_aggregation, "complete")
 

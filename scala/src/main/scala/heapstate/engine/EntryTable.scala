@@ -34,6 +34,8 @@ import org.apache.spark.unsafe.array.ByteArrayMethods
  * newest value once the task's own commit wrote that key in place. Spark's stateful operators
  * read their rows from a store before its commit, which runs once the task's output is used up,
  * and an operator that keeps a row it was handed copies it, as it must for any iterator's rows.
+ * Complete-mode aggregation is the exception: it commits first and then emits every row from the
+ * store's iterator, after the task's last write, so those rows hold the committed values.
  *
  * An update of the same lengths made while writing in place is not allowed is appended, and its
  * old entry's place is kept as a hole. Once writing in place is allowed again, [[fillHoles]] moves

@@ -396,6 +396,20 @@ TIMEOUT_BATCHES = [
 ]
 
 
+# Timeouts fire once the watermark (max event time - 10) passes latest + 15: batch 6 runs at
+# watermark 30 (b: 2 + 15 = 17), batch 7 at 40 (a: 20 + 15 = 35).
+TIMEOUT_EXPECTED = [
+    (0, [("a", 2, "update"), ("b", 1, "update")]),
+    (1, [("a", 3, "update")]),
+    (2, [("c", 1, "update")]),
+    (3, []),  # the no-data batch that ends the first run: nothing is due yet
+    (4, [("a", 4, "update")]),
+    (5, [("c", 2, "update")]),
+    (6, [("b", 1, "timeout"), ("d", 1, "update")]),
+    (7, [("a", 4, "timeout")]),  # a's count includes its three rows from before the restart
+]
+
+
 def build_count_until_timeout(s: Mapping[str, DataFrame]) -> DataFrame:
     return (
         with_event_time(s["in"])
@@ -419,18 +433,38 @@ def test_apply_in_pandas_with_state_update_mode_event_time_timeout(
         spark, tmp_path, {"in": source}, build_count_until_timeout, "update"
     )
 
-    # Timeouts fire once the watermark (max event time - 10) passes latest + 15: batch 6 runs
-    # at watermark 30 (b: 2 + 15 = 17), batch 7 at 40 (a: 20 + 15 = 35).
-    assert run.batches == [
-        (0, [("a", 2, "update"), ("b", 1, "update")]),
-        (1, [("a", 3, "update")]),
-        (2, [("c", 1, "update")]),
-        (3, []),  # the no-data batch that ends the first run: nothing is due yet
-        (4, [("a", 4, "update")]),
-        (5, [("c", 2, "update")]),
-        (6, [("b", 1, "timeout"), ("d", 1, "update")]),
-        (7, [("a", 4, "timeout")]),  # a's count includes its three rows from before the restart
-    ]
+    assert run.batches == TIMEOUT_EXPECTED
+
+
+FMGWS_STATE_FORMAT = "spark.sql.streaming.flatMapGroupsWithState.stateFormatVersion"
+# Spark's check of the value rows a provider loads. Format 1's value schema declares the timeout
+# timestamp an integer while the rows hold a long, so with a timeout set the check fails every
+# reload of a format-1 store, on the HDFS provider too ("Fixed-length field validation error:
+# field: StructField(timeoutTimestamp,IntegerType,true)"). The format-1 run turns it off, on both
+# providers alike.
+FORMAT_VALIDATION = "spark.sql.streaming.stateStore.formatValidation.enabled"
+
+
+def test_apply_in_pandas_with_state_state_format_1(spark: SparkSession, tmp_path: Path) -> None:
+    """The event-time timeout query on Spark's legacy state format 1, which stores the state's
+    fields and the timeout timestamp as the value row's own columns (format 2 nests the state in
+    a ``groupState`` struct)."""
+    source = Source("k STRING, v INT, t INT", rows_of(TIMEOUT_BATCHES))
+    before = {key: spark.conf.get(key) for key in (FMGWS_STATE_FORMAT, FORMAT_VALIDATION)}
+    spark.conf.set(FMGWS_STATE_FORMAT, "1")
+    spark.conf.set(FORMAT_VALIDATION, "false")
+    try:
+        run = run_on_both_providers(
+            spark, tmp_path, {"in": source}, build_count_until_timeout, "update"
+        )
+    finally:
+        for key, value in before.items():
+            spark.conf.set(key, value)
+
+    assert offset_log_metadata(run.checkpoint, 0)["conf"][FMGWS_STATE_FORMAT] == "1"
+    schema = (run.checkpoint / "state" / "0" / "0" / "_metadata" / "schema").read_bytes()
+    assert b'"groupState"' not in schema and b'"timeoutTimestamp"' in schema, schema
+    assert run.batches == TIMEOUT_EXPECTED
 
 
 MILESTONE = 3

@@ -3,6 +3,7 @@ package heapstate
 import java.io.{File, RandomAccessFile}
 
 import org.apache.spark.sql.execution.streaming.state.{RecordType, StateStore}
+import org.apache.spark.sql.types.{LongType, StructField, StructType}
 import org.scalatest.funsuite.AnyFunSuite
 
 import heapstate.StoreFixture._
@@ -361,6 +362,35 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     val e = intercept[IllegalArgumentException](
       provider(tempDir(), Map("spark.sql.streaming.stateStore.heapstate.compactionIntervall" -> "5")))
     assert(e.getMessage.contains("compactionIntervall") && e.getMessage.contains("heapstate.compactionInterval"))
+  }
+
+  test("a stored row that no longer fits the query's schema fails Spark's row check, naming the store") {
+    val root = tempDir()
+    val p = provider(root)
+    val s0 = p.getStore(0, None, false, false)
+    put(s0, 1, 10); put(s0, 2, 20)
+    s0.commit()
+    p.close()
+    // The query now says each value is two longs; the stored values are one (16 bytes, not 24).
+    val twoLongs = StructType(Seq(StructField("v", LongType), StructField("w", LongType)))
+    def rowCheckFails(read: StateStore => Any): Unit = {
+      val store = provider(root, values = twoLongs).getStore(1, None, false, false)
+      val e = intercept[org.apache.spark.SparkThrowable](read(store))
+      assert(e.getCondition.contains("STATE_STORE_VALUE_ROW_FORMAT_VALIDATION_FAILURE"), e)
+      assert(e.asInstanceOf[Throwable].getMessage.contains(store.id.toString), e)
+    }
+    rowCheckFails(_.get(row(1), CF))
+    rowCheckFails(_.iterator(CF).next())
+    // A row the batch put itself is not checked, nor one the store misses.
+    val s1 = provider(root, values = twoLongs).getStore(1, None, false, false)
+    assert(s1.get(row(3), CF) == null)
+    s1.put(row(3), StoreFixture.row(30), CF)
+    assert(s1.get(row(3), CF).getSizeInBytes == 16)
+    // Off, as Spark's conf allows: the rows are served as stored.
+    val unchecked = provider(root, Map("spark.sql.streaming.stateStore.formatValidation.enabled" -> "false"), values = twoLongs)
+    assert(unchecked.getStore(1, None, false, false).get(row(1), CF).getSizeInBytes == 16)
+    // The schema they were written with passes.
+    assert(get(provider(root).getStore(1, None, false, false), 1).contains(10))
   }
 
   test("a missing journal is an error naming the file and version") {

@@ -42,12 +42,13 @@ object StoreFixture {
       confs: Map[String, String] = Map.empty,
       minVersionsToRetain: Int = 10,
       partition: Int = 0,
-      prefixScan: Boolean = false): HeapStateStoreProvider = {
+      prefixScan: Boolean = false,
+      values: StructType = valueSchema): HeapStateStoreProvider = {
     val p = new HeapStateStoreProvider
     val (ks, spec) =
       if (prefixScan) (prefixKeySchema, PrefixKeyScanStateEncoderSpec(prefixKeySchema, 1))
       else (keySchema, NoPrefixKeyStateEncoderSpec(keySchema))
-    p.init(StateStoreId(root, 0, partition), ks, valueSchema, spec, false,
+    p.init(StateStoreId(root, 0, partition), ks, values, spec, false,
       storeConf(confs, minVersionsToRetain), new Configuration(), false, None)
     p
   }

@@ -28,6 +28,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
   private var storeId: StateStoreId = _
   private var storeConf: StateStoreConf = _
   private var hadoopConf: Configuration = _
+  private var keySchema: StructType = _
+  private var valueSchema: StructType = _
   private var keyFields = 0
   private var valueFields = 0
   /** Checkpoint format v2: every commit gets a unique checkpoint id. */
@@ -60,6 +62,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
     this.storeId = stateStoreId
     this.storeConf = storeConfs
     this.hadoopConf = hadoopConf
+    this.keySchema = keySchema
+    this.valueSchema = valueSchema
     this.keyFields = keySchema.length
     this.valueFields = valueSchema.length
     val prefixOf = keyStateEncoderSpec match {
@@ -275,8 +279,28 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
      * the CPU time its thread used in the engine (the wall time less any wait for a core or a disk).
      */
     private var storeMicros, reportMicros, storeCpuMicros = 0L
+    /** Whether a row read from the live state has been checked (see [[checkRowFormat]]). */
+    private var rowFormatChecked = false
 
     override def id: StateStoreId = storeId
+
+    /**
+     * Spark's structural check of a stored key and value against the schemas the query gives
+     * now, on the first row each store reads from the live state, as Spark's own providers do
+     * (RocksDB on a store's first `get` that finds a value, HDFS on loading each file). A query
+     * changed in a way its state rows no longer fit (and that the schema check did not catch,
+     * e.g. a checkpoint without schema files) fails with Spark's error naming the store, instead
+     * of reading garbage. Off with `spark.sql.streaming.stateStore.formatValidation.enabled=false`;
+     * the value is skipped where Spark asks (`formatValidationCheckValue`).
+     */
+    private def checkRowFormat(key: UnsafeRow, value: UnsafeRow): Unit = {
+      StateStoreProvider.validateStateRowFormat(key, keySchema, value, valueSchema, storeId, storeConf)
+      rowFormatChecked = true
+    }
+    private def checkedLivePair(pair: UnsafeRowPair): UnsafeRowPair = {
+      if (!rowFormatChecked) checkRowFormat(pair.key, pair.value)
+      pair
+    }
 
     override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
       requireDefaultFamily(colFamilyName)
@@ -286,7 +310,12 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
         if (Tombstone.is(changed)) null else valueRowOf(changed, 0)
       } else {
         val address = live.get(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes, probe.hashCode)
-        if (address == EntryTable.NoEntry) null else valueRowOf(live.pageOf(address), live.offsetOf(address))
+        if (address == EntryTable.NoEntry) null
+        else {
+          val value = valueRowOf(live.pageOf(address), live.offsetOf(address))
+          if (!rowFormatChecked) checkRowFormat(key, value) // the key matched the stored one byte for byte
+          value
+        }
       }
     }
 
@@ -312,7 +341,7 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
         .map(e => pairOf(e.getValue))
       val fromLive = live.iterator
         .filter(a => changed.isEmpty || !changed.containsKey(liveKeyProbe(live, a)))
-        .map(a => livePairOf(live, a))
+        .map(a => checkedLivePair(livePairOf(live, a)))
       new StateStoreIterator(fromChanges ++ fromLive, () => ())
     }
 
@@ -327,7 +356,7 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       }.toArray
       val fromLive = live.keysWithPrefix(prefix).iterator().asScala
         .filter(k => !changedSet.contains(k))
-        .flatMap { k => val a = live.get(k); if (a == EntryTable.NoEntry) None else Some(livePairOf(live, a)) }
+        .flatMap { k => val a = live.get(k); if (a == EntryTable.NoEntry) None else Some(checkedLivePair(livePairOf(live, a))) }
       new StateStoreIterator(fromChanges.iterator ++ fromLive, () => ())
     }
 

@@ -51,8 +51,16 @@ class ConcurrentSnapshotSuite extends AnyFunSuite {
       } catch { case e: Throwable => snapshotterFailure.set(e) })
     snapshotter.setDaemon(true)
     snapshotter.start()
+    // At least 199 commits, and then more until what the assertions below need has happened at
+    // least once (up to a cap): a snapshot view costs one look-up per undo entry above its version
+    // for each entry, and every commit during it adds one, so a snapshot thread held up for a
+    // moment may not finish until the commits stop, and a fixed count can end with too few
+    // snapshots and nothing moved or written in place.
+    def seenEnough: Boolean = written.synchronized(written.size) >= 3 && engine.live.compactedBytes > 0 &&
+      engine.live.writtenInPlace > 0 && engine.live.movedBackBytes > 0
+    var v = 1L
     try {
-      for (v <- 1L until 200L) {
+      while (v < 200L || (!seenEnough && v < 5000L)) {
         val cs = new ChangeSet(engine.live)
         for (_ <- 0 until 500) {
           val k = rng.nextInt(60000)
@@ -61,8 +69,10 @@ class ConcurrentSnapshotSuite extends AnyFunSuite {
         }
         engine.commit(v, cs); models(v + 1) = model
         commits.incrementAndGet()
+        v += 1
       }
     } finally { stop.set(true); snapshotter.join() }
+    info(s"${v - 1} commits after the first")
     Option(snapshotterFailure.get).foreach(e => throw new AssertionError(s"seed $seed: the snapshot thread failed", e))
     // The live state itself, and its memory count, after all that.
     val live = mutable.Map.empty[Int, Long]

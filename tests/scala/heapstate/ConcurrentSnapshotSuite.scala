@@ -55,12 +55,14 @@ class ConcurrentSnapshotSuite extends AnyFunSuite {
     // least once (up to a cap): a snapshot view costs one look-up per undo entry above its version
     // for each entry, and every commit during it adds one, so a snapshot thread held up for a
     // moment may not finish until the commits stop, and a fixed count can end with too few
-    // snapshots and nothing moved or written in place.
+    // snapshots and nothing moved or written in place. The commits after the 199th leave the
+    // snapshot thread 5 ms each, so that a view behind them catches up.
     def seenEnough: Boolean = written.synchronized(written.size) >= 3 && engine.live.compactedBytes > 0 &&
       engine.live.writtenInPlace > 0 && engine.live.movedBackBytes > 0
     var v = 1L
     try {
-      while (v < 200L || (!seenEnough && v < 5000L)) {
+      while (v < 200L || (!seenEnough && v < 1200L)) {
+        if (v >= 200L) Thread.sleep(5)
         val cs = new ChangeSet(engine.live)
         for (_ <- 0 until 500) {
           val k = rng.nextInt(60000)

@@ -364,33 +364,39 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     assert(e.getMessage.contains("compactionIntervall") && e.getMessage.contains("heapstate.compactionInterval"))
   }
 
-  test("a stored row that no longer fits the query's schema fails Spark's row check, naming the store") {
+  test("a row read from files that no longer fits the query's schema fails Spark's row check, naming the store") {
+    // The query now says each value is two longs; the stored values are one (16 bytes, not 24).
+    val twoLongs = StructType(Seq(StructField("v", LongType), StructField("w", LongType)))
     val root = tempDir()
-    val p = provider(root)
+    // Rows this JVM wrote are not checked, as on HDFS: this provider reads back what it wrote.
+    val p = provider(root, values = twoLongs)
     val s0 = p.getStore(0, None, false, false)
     put(s0, 1, 10); put(s0, 2, 20)
     s0.commit()
+    assert(p.getStore(1, None, false, false).get(row(1), CF).getSizeInBytes == 16)
     p.close()
-    // The query now says each value is two longs; the stored values are one (16 bytes, not 24).
-    val twoLongs = StructType(Seq(StructField("v", LongType), StructField("w", LongType)))
-    def rowCheckFails(read: StateStore => Any): Unit = {
-      val store = provider(root, values = twoLongs).getStore(1, None, false, false)
+    // Rebuilt from files, the first row a store reads from the live state is checked.
+    def rowCheckFails(store: StateStore)(read: StateStore => Any): Unit = {
       val e = intercept[org.apache.spark.SparkThrowable](read(store))
       assert(e.getCondition.contains("STATE_STORE_VALUE_ROW_FORMAT_VALIDATION_FAILURE"), e)
       assert(e.asInstanceOf[Throwable].getMessage.contains(store.id.toString), e)
     }
-    rowCheckFails(_.get(row(1), CF))
-    rowCheckFails(_.iterator(CF).next())
-    // A row the batch put itself is not checked, nor one the store misses.
+    rowCheckFails(provider(root, values = twoLongs).getStore(1, None, false, false))(_.get(row(1), CF))
+    rowCheckFails(provider(root, values = twoLongs).getStore(1, None, false, false))(_.iterator(CF).next())
+    // A key the store misses and a row the batch put itself are not checked; the next live row is.
     val s1 = provider(root, values = twoLongs).getStore(1, None, false, false)
     assert(s1.get(row(3), CF) == null)
     s1.put(row(3), StoreFixture.row(30), CF)
     assert(s1.get(row(3), CF).getSizeInBytes == 16)
+    rowCheckFails(s1)(_.get(row(1), CF))
     // Off, as Spark's conf allows: the rows are served as stored.
     val unchecked = provider(root, Map("spark.sql.streaming.stateStore.formatValidation.enabled" -> "false"), values = twoLongs)
     assert(unchecked.getStore(1, None, false, false).get(row(1), CF).getSizeInBytes == 16)
-    // The schema they were written with passes.
-    assert(get(provider(root).getStore(1, None, false, false), 1).contains(10))
+    // The schema they were written with passes, and one check covers a rebuild: the next store of
+    // the same provider does not check again.
+    val right = provider(root)
+    assert(get(right.getStore(1, None, false, false), 1).contains(10))
+    assert(get(right.getStore(1, None, false, false), 2).contains(20))
   }
 
   test("a missing journal is an error naming the file and version") {

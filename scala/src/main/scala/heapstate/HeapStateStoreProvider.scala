@@ -35,6 +35,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
   /** Checkpoint format v2: every commit gets a unique checkpoint id. */
   private var checkpointIds = false
   @volatile private var engine: StateEngine = _
+  /** The rebuild from files (see [[StateEngine.rebuildsFromFiles]]) whose rows a store has checked. */
+  @volatile private var rowsCheckedAfterRebuild = 0L
   /** The snapshot a commit handed to the background thread, until it has run. */
   @volatile private var pendingSnapshot: BackgroundSnapshot = null
 
@@ -279,23 +281,30 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
      * the CPU time its thread used in the engine (the wall time less any wait for a core or a disk).
      */
     private var storeMicros, reportMicros, storeCpuMicros = 0L
-    /** Whether a row read from the live state has been checked (see [[checkRowFormat]]). */
-    private var rowFormatChecked = false
+    /** The live state's rebuilds from files when this store was made (after its `ensureAt`). */
+    private val rebuilds = engine.rebuildsFromFiles
+    /** Whether no row read from the live state needs checking (see [[checkRowFormat]]). */
+    private var rowFormatChecked = rebuilds == rowsCheckedAfterRebuild
 
     override def id: StateStoreId = storeId
 
     /**
      * Spark's structural check of a stored key and value against the schemas the query gives
-     * now, on the first row each store reads from the live state, as Spark's own providers do
-     * (RocksDB on a store's first `get` that finds a value, HDFS on loading each file). A query
-     * changed in a way its state rows no longer fit (and that the schema check did not catch,
-     * e.g. a checkpoint without schema files) fails with Spark's error naming the store, instead
-     * of reading garbage. Off with `spark.sql.streaming.stateStore.formatValidation.enabled=false`;
-     * the value is skipped where Spark asks (`formatValidationCheckValue`).
+     * now, on the first row read from the live state after it was rebuilt from files, as HDFS
+     * checks the first row it reads from its files. A query changed in a way its state rows no
+     * longer fit (and that Spark's schema check did not catch, e.g. a checkpoint without schema
+     * files) fails with Spark's error naming the store, instead of reading garbage. Rows this JVM
+     * wrote are not checked, as on HDFS: Spark's own state format 1 of flatMapGroupsWithState with
+     * a timeout fails the check on every row (its schema calls the long timeout an integer), and
+     * such a query runs until it restarts, as on HDFS (RocksDB checks each store's first row and
+     * fails it in its second batch). Off with
+     * `spark.sql.streaming.stateStore.formatValidation.enabled=false`; the value is skipped where
+     * Spark asks (`formatValidationCheckValue`).
      */
     private def checkRowFormat(key: UnsafeRow, value: UnsafeRow): Unit = {
       StateStoreProvider.validateStateRowFormat(key, keySchema, value, valueSchema, storeId, storeConf)
       rowFormatChecked = true
+      rowsCheckedAfterRebuild = rebuilds
     }
     private def checkedLivePair(pair: UnsafeRowPair): UnsafeRowPair = {
       if (!rowFormatChecked) checkRowFormat(pair.key, pair.value)

@@ -225,6 +225,10 @@ final class StateEngine(
   /** Whether `version` is the version last rebuilt from files. */
   def rebuiltAt(version: Long): Boolean = lastLoad._1 == version
 
+  /** How many times the live state was rebuilt from files at a version above 0 (a restart, a reload after a failure). */
+  def rebuildsFromFiles: Long = rebuilds
+  @volatile private var rebuilds = 0L
+
   def isLoaded: Boolean = state != null
   def live: LiveState = {
     val st = state
@@ -274,6 +278,7 @@ final class StateEngine(
       }
       val took = System.nanoTime() - started
       lastLoad = (version, took / 1000000)
+      if (version > 0) rebuilds += 1 // version 0 is empty: nothing was read
       log.info(f"Loaded version $version of ${files.dir} from files (snapshot $newestSnapshot and the " +
         f"journals above it): ${state.numKeys}%d keys in ${took / 1e6}%.0f ms")
       state

@@ -281,7 +281,7 @@ final class EntryTable(expectedKeys: Int = 16) {
    * `valueLength` bytes at `valueAt` (a record of a decompressed snapshot bucket, say).
    */
   def put(src: Array[Byte], keyAt: Int, keyLength: Int, valueAt: Int, valueLength: Int, hash: Int): Int = {
-    if (used + 1 > slots.length - (slots.length >>> 2)) resize()
+    if (used + 1 > mostUsed(slots.length)) resize()
     val ss = slots
     val mask = ss.length - 1
     val tag = tagOf(hash)
@@ -751,9 +751,15 @@ final class EntryTable(expectedKeys: Int = 16) {
     // The capacity the puts would have grown the table to (see `put`), not a larger one.
     val keys = math.min(live + more, 1L << 29)
     var capacity = slots.length
-    while (keys > capacity - (capacity >>> 2)) capacity <<= 1
+    while (keys > mostUsed(capacity)) capacity <<= 1
     if (capacity > slots.length) rehash(capacity)
   }
+
+  /**
+   * The most slots in use (live keys and [[Deleted]] markers) that an array of `capacity` slots
+   * holds before it grows: three quarters.
+   */
+  private def mostUsed(capacity: Int): Int = capacity - (capacity >>> 2)
 
   /** Rehashes into a fresh slot array of `newCapacity` slots (a power of two), dropping [[Deleted]] markers. */
   private def rehash(newCapacity: Int): Unit = {

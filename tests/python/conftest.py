@@ -24,6 +24,7 @@ import shutil
 import sys
 import zipfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -328,6 +329,23 @@ def committed_batches(checkpoint: Path) -> list[int]:
     if not commits.is_dir():
         return []
     return sorted(int(p.name) for p in commits.iterdir() if p.name.isdigit())
+
+
+@contextmanager
+def session_confs(spark: SparkSession, confs: Mapping[str, str]) -> Iterator[None]:
+    """Set ``confs`` on the session for the ``with`` block, then put back what each key had
+    (unset when it had no value)."""
+    saved = {key: spark.conf.get(key, None) for key in confs}
+    for key, value in confs.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
 
 
 def offset_log_metadata(checkpoint: Path, batch_id: int) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from conftest import (
     minutes,
     offset_log_metadata,
     run_on_both_providers,
+    session_confs,
 )
 from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
@@ -115,12 +116,8 @@ def test_streaming_aggregation_state_format_1(
     # Spark's legacy state format 1 stores the whole output row as the value, and complete mode
     # emits the store's rows themselves (format 2 builds a new row from key and value).
     source = Source("k STRING, v INT", rows_of(AGG_BATCHES))
-    before = spark.conf.get(AGG_STATE_FORMAT)
-    spark.conf.set(AGG_STATE_FORMAT, "1")
-    try:
+    with session_confs(spark, {AGG_STATE_FORMAT: "1"}):
         run = run_on_both_providers(spark, tmp_path, {"in": source}, build_aggregation, mode)
-    finally:
-        spark.conf.set(AGG_STATE_FORMAT, before)
 
     assert offset_log_metadata(run.checkpoint, 0)["conf"][AGG_STATE_FORMAT] == "1"
     assert run.batches == aggregation_model(AGG_BATCHES, complete=mode == "complete")
@@ -450,16 +447,10 @@ def test_apply_in_pandas_with_state_state_format_1(spark: SparkSession, tmp_path
     fields and the timeout timestamp as the value row's own columns (format 2 nests the state in
     a ``groupState`` struct)."""
     source = Source("k STRING, v INT, t INT", rows_of(TIMEOUT_BATCHES))
-    before = {key: spark.conf.get(key) for key in (FMGWS_STATE_FORMAT, FORMAT_VALIDATION)}
-    spark.conf.set(FMGWS_STATE_FORMAT, "1")
-    spark.conf.set(FORMAT_VALIDATION, "false")
-    try:
+    with session_confs(spark, {FMGWS_STATE_FORMAT: "1", FORMAT_VALIDATION: "false"}):
         run = run_on_both_providers(
             spark, tmp_path, {"in": source}, build_count_until_timeout, "update"
         )
-    finally:
-        for key, value in before.items():
-            spark.conf.set(key, value)
 
     assert offset_log_metadata(run.checkpoint, 0)["conf"][FMGWS_STATE_FORMAT] == "1"
     schema = (run.checkpoint / "state" / "0" / "0" / "_metadata" / "schema").read_bytes()

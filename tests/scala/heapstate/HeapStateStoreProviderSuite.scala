@@ -397,6 +397,19 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     val right = provider(root)
     assert(get(right.getStore(1, None, false, false), 1).contains(10))
     assert(get(right.getStore(1, None, false, false), 2).contains(20))
+    // A prefix scan's live rows are checked the same way; a key of this batch's own is not.
+    val prefixed = tempDir()
+    val w = provider(prefixed, prefixScan = true)
+    val pw = w.getStore(0, None, false, false)
+    pw.put(prefixKey("a", 1), row(1), CF); pw.put(prefixKey("b", 1), row(2), CF)
+    pw.commit()
+    w.close()
+    val ps = provider(prefixed, prefixScan = true, values = twoLongs).getStore(1, None, false, false)
+    ps.put(prefixKey("b", 2), row(3), CF)
+    assert(ps.prefixScan(prefix("b"), CF).next().value.getSizeInBytes == 16)
+    rowCheckFails(ps)(_.prefixScan(prefix("a"), CF).next())
+    assert(provider(prefixed, prefixScan = true).getStore(1, None, false, false).prefixScan(prefix("a"), CF)
+      .map(pr => pr.key.getLong(1) -> pr.value.getLong(0)).toList == List(1L -> 1L))
   }
 
   test("a missing journal is an error naming the file and version") {

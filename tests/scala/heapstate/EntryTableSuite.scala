@@ -453,6 +453,37 @@ class EntryTableSuite extends AnyFunSuite {
     assert((live.writtenInPlace > 0) == inPlace, s"${live.writtenInPlace} updates written in place")
   }
 
+  test("a snapshot view after a roll-back sees the version committed again while it runs") {
+    // A roll-back leaves the undo log's newest version as it was, so committing that version again
+    // writes the same number once more; the view must still see the new commit's undo entry.
+    val live = new LiveState(None, 0)
+    def commit(kv: Seq[(Int, Long)]): Unit = {
+      val changes = new ChangeSet(live)
+      kv.foreach { case (k, v) => changes.put(Key(keyBytes(k)), entry(k, v)) }
+      live.applyCommit(live.prepareCommit(changes), 0, inPlace = false) // as while a snapshot is written
+    }
+    commit((0 until 200).map(k => k -> k.toLong)) // version 1
+    commit((0 until 200 by 2).map(k => k -> -k.toLong)) // version 2
+    live.rollBackTo(1)
+    val atOne = (0 until 200).map(k => k -> k.toLong).toMap
+    val emitted = mutable.ArrayBuffer.empty[Array[Byte]]
+    var recommitted = false
+    live.writeSnapshotView(1, (b, at, _) => {
+      emitted += b.slice(at, at + Entry.length(b, at))
+      if (!recommitted) { // version 2 again, after the view has read its first entry
+        recommitted = true
+        commit((0 until 200).map(k => k -> (1000L + k)) ++ (200 until 300).map(k => k -> k.toLong))
+      }
+    })
+    val seen = mutable.Map.empty[Int, Long]
+    emitted.foreach { e =>
+      val k = keyOf(e, 0)
+      assert(seen.get(k).forall(_ == valueOf(e)), s"key $k emitted with ${seen.get(k)} and ${valueOf(e)}")
+      seen(k) = valueOf(e)
+    }
+    assert(seen.toMap == atOne)
+  }
+
   test("a key removed and put back while an iterator runs is not seen twice, also where its chain wraps around") {
     val t = new EntryTable() // 32 slots
     val hash = t.capacity - 2 // a chain of keys hashing here runs through the last two slots into 0, 1, ...

@@ -89,6 +89,13 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
    * which costs only that search.
    */
   @volatile private var undoTop = 0L
+  /**
+   * How many undo entries [[applyCommit]] has published, in all; it only grows, and each commit
+   * writes it right after `undoTop`. A snapshot view copies the undo entries above its version
+   * again when this has moved. `undoTop` could not serve for that: a roll-back leaves it as it
+   * was, so the commit that re-does the next version writes the same value again.
+   */
+  @volatile private var undoPublished = 0L
 
   /** The snapshot whose buckets are not all in `table` yet (see "Loading lazily"), or null. */
   @volatile private var pending: LiveState.PendingSnapshot = null
@@ -314,8 +321,10 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     undo.put(newVersion, prepared.undoEntry) // published before any change to `table`
     undoEntryBytes.put(newVersion, prepared.undoBytes)
     undoTop = newVersion
+    undoPublished += 1 // one writer: commits do not overlap
     // A volatile write keeps the writes before it in place, not the ones after: the fence keeps
-    // the table's changes below from becoming visible before `undoTop` (see writeSnapshotView).
+    // the table's changes below from becoming visible before `undoTop` and `undoPublished` (see
+    // writeSnapshotView).
     java.lang.invoke.VarHandle.storeStoreFence()
     undoBytes += prepared.undoBytes
     val keys = prepared.keys
@@ -441,20 +450,20 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   def writeSnapshotView(s: Long, emit: LiveState.ViewVisitor): Unit = {
     require(pending == null, "a snapshot view of a state whose snapshot is still loading")
     val later = undo.tailMap(s, false)
-    // The undo entries above `s`, copied out of the map again only when `undoTop` has moved (once
-    // per commit made while the view runs). Walking the map for each of the table's entries cost
-    // more than the look-ups in the entries: about 25 ms a view of a W1 store once any entry was
-    // above `s`, against 23 ms for the whole view with none (bench/SnapshotView).
-    var seenTop = s
+    // The undo entries above `s`, copied out of the map again only when `undoPublished` has moved
+    // (once per commit made while the view runs). Walking the map for each of the table's entries
+    // cost more than the look-ups in the entries: about 25 ms a view of a W1 store once any entry
+    // was above `s`, against 23 ms for the whole view with none (bench/SnapshotView).
+    var seenPublished = -1L
     var above = new Array[UndoEntry](0)
-    // The entry was read before this; the fence keeps the read of `undoTop` after it, so that an
-    // entry a commit after `s` stored is always followed by seeing that commit's `undoTop`, and so
-    // its undo entry, which the commit published first, in `above`.
+    // The entry was read before this; the fence keeps the reads of `undoPublished` and `undoTop`
+    // after it, so that an entry a commit after `s` stored is always followed by seeing that
+    // commit's counts, and so its undo entry, which the commit published first, in `above`.
     def changedAfterS(page: Array[Byte], at: Int, hash: Int): Boolean = {
       java.lang.invoke.VarHandle.loadLoadFence()
-      val top = undoTop
-      top > s && {
-        if (top != seenTop) { above = later.values().toArray(new Array[UndoEntry](0)); seenTop = top }
+      val published = undoPublished
+      undoTop > s && {
+        if (published != seenPublished) { above = later.values().toArray(new Array[UndoEntry](0)); seenPublished = published }
         var found = false
         var i = 0
         while (!found && i < above.length) { val u = above(i); found = (u eq UndoEntry.FromEmpty) || u.containsKeyOf(page, at, hash); i += 1 }

@@ -454,8 +454,9 @@ class EntryTableSuite extends AnyFunSuite {
   }
 
   test("a snapshot view after a roll-back sees the version committed again while it runs") {
-    // A roll-back leaves the undo log's newest version as it was, so committing that version again
-    // writes the same number once more; the view must still see the new commit's undo entry.
+    // A roll-back leaves the live state's note of its newest undo version (`undoTop`) as it was,
+    // so committing that version again writes the same number once more; the view must still see
+    // the new commit's undo entry.
     val live = new LiveState(None, 0)
     def commit(kv: Seq[(Int, Long)]): Unit = {
       val changes = new ChangeSet(live)

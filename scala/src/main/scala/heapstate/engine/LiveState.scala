@@ -93,7 +93,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
    * How many undo entries [[applyCommit]] has published, in all; it only grows, and each commit
    * writes it right after `undoTop`. A snapshot view copies the undo entries above its version
    * again when this has moved. `undoTop` could not serve for that: a roll-back leaves it as it
-   * was, so the commit that re-does the next version writes the same value again.
+   * was, so the commits that re-do the versions rolled back write values it has had before.
    */
   @volatile private var undoPublished = 0L
 
@@ -458,7 +458,8 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     var above = new Array[UndoEntry](0)
     // The entry was read before this; the fence keeps the reads of `undoPublished` and `undoTop`
     // after it, so that an entry a commit after `s` stored is always followed by seeing that
-    // commit's counts, and so its undo entry, which the commit published first, in `above`.
+    // commit's values of both (or later ones), and so its undo entry, which the commit published
+    // first, in `above`.
     def changedAfterS(page: Array[Byte], at: Int, hash: Int): Boolean = {
       java.lang.invoke.VarHandle.loadLoadFence()
       val published = undoPublished

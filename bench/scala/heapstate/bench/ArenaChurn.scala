@@ -1,7 +1,5 @@
 package heapstate.bench
 
-import heapstate.engine.{ChangeSet, Entry, Key}
-
 /**
  * What a commit costs in the live table, alone: one partition of W1 (`--keys` keys, a 16-byte
  * key row and a value row of W1's size), then `--commits` commits of `--updates` random updates
@@ -21,7 +19,7 @@ object ArenaChurn {
   def main(args: Array[String]): Unit = {
     val opts = BenchStores.options(args)
     val store = OneStore(opts, defaultValueBytes = 280) // W1's value row: 256 hex chars, a string field, a count
-    import store.{keyBytes, keys, live, rnd, value, valueBytes}
+    import store.{keys, live, valueBytes}
     val updates = opts.getOrElse("updates", "2500").toInt
     val commits = opts.getOrElse("commits", "200").toInt
     val undoVersions = opts.getOrElse("undo-versions", "3").toInt
@@ -29,11 +27,7 @@ object ArenaChurn {
     val micros = new Array[Long](commits)
     val moved = new Array[Long](commits)
     for (c <- 0 until commits) {
-      val changes = new ChangeSet(live)
-      for (_ <- 0 until updates) {
-        val k = rnd.nextInt(keys)
-        changes.put(Key(keyBytes(k)), Entry(keyBytes(k), value()))
-      }
+      val changes = store.randomChanges(updates)
       val movedBefore = live.compactedBytes
       val started = System.nanoTime()
       live.applyCommit(live.prepareCommit(changes), live.version + 1 - undoVersions, inPlace)

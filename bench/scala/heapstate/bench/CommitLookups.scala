@@ -6,12 +6,12 @@ import heapstate.engine.{ChangeSet, Entry, Key}
 
 /**
  * A commit's table work as W5's key counts grow. `--stores` live states of `--keys` keys each (W5
- * at K = 1M and 4M: four stores of 250,000 and of 1M keys) take turns, as a batch's tasks do. Each version of
- * a store reads `--updates` random keys (as Spark's restore does), reads `--churn` random words of
- * `--other-mb` MB of other memory (the rest of a task's work, which evicts those reads from the
- * caches and the TLB), puts
- * a new value of the same length for each key, and then prepares and applies the commit; only
- * that last step is timed, in its thread's CPU time.
+ * at K = 1M and 4M: four stores of 250,000 and of 1M keys) take turns, as a batch's tasks do.
+ * Each version of a store reads `--updates` random keys (as Spark's restore does), reads
+ * `--churn` random words of `--other-mb` MB of other memory (the rest of a task's work, which
+ * evicts those reads from the caches and the TLB), puts a new value of the same length for each
+ * key, and then prepares and applies the commit; only that last step is timed, in its thread's
+ * CPU time.
  * {{{
  *   bin/sbt "bench/runMain heapstate.bench.CommitLookups"
  *   bin/sbt "bench/runMain heapstate.bench.CommitLookups --keys 250000,1000000 --versions 80"
@@ -53,15 +53,13 @@ object CommitLookups {
         if (v > versions / 4) times += (threads.getCurrentThreadCpuTime - started) / 1e6 // the first quarter warms the JIT up
         changes.release()
       }
-      keys -> median(times.toSeq)
+      keys -> BenchStores.median(times.toSeq)
     }
-    val pageSizes = ManagementFactory.getRuntimeMXBean.getInputArguments.toArray.mkString(" ")
+    val jvmOptions = ManagementFactory.getRuntimeMXBean.getInputArguments.toArray.mkString(" ")
     println(s"prepare + apply of $updates updates, CPU ms a commit (median), $storeCount stores taking turns, " +
-      s"$versions versions each (the first quarter not counted); JVM options: $pageSizes")
+      s"$versions versions each (the first quarter not counted); JVM options: $jvmOptions")
     results.foreach { case (keys, ms) => println(f"$keys%12d keys a store: $ms%.3f ms") }
     if (results.size >= 2) println(f"growth, ${results.last._1} keys over ${results.head._1}: ${results.last._2 / results.head._2}%.2fx")
     require(sink != 42) // keeps the reads
   }
-
-  private def median(xs: Seq[Double]): Double = { val s = xs.sorted; s(s.size / 2) }
 }

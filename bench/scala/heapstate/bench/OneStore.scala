@@ -21,6 +21,16 @@ private[bench] final class OneStore(val keys: Int, val valueBytes: Int) {
 
   def value(): Array[Byte] = { val v = new Array[Byte](valueBytes); rnd.nextBytes(v); v }
 
+  /** A change set of `updates` updates of random keys (a key drawn twice is updated once), each to a new random value. */
+  def randomChanges(updates: Int): ChangeSet = {
+    val changes = new ChangeSet(live)
+    for (_ <- 0 until updates) {
+      val k = rnd.nextInt(keys)
+      changes.put(Key(keyBytes(k)), Entry(keyBytes(k), value()))
+    }
+    changes
+  }
+
   val live: LiveState = {
     val st = new LiveState(None, 0, keys)
     val first = new ChangeSet(st)

@@ -1,6 +1,6 @@
 package heapstate.bench
 
-import heapstate.engine.{ChangeSet, Entry, Key, LiveState}
+import heapstate.engine.LiveState
 
 /**
  * What a snapshot view costs as commits pile up above its version: one W1 store (`--keys` keys,
@@ -24,22 +24,15 @@ object SnapshotView {
     val live = store.live
     var sink = 0L
     val visitor = new LiveState.ViewVisitor { def apply(b: Array[Byte], at: Int, hash: Int): Unit = sink += hash }
-    def medianMs(): Double = {
-      val ms = (1 to runs).map { _ =>
-        val started = System.nanoTime()
-        live.writeSnapshotView(1, visitor)
-        (System.nanoTime() - started) / 1e6
-      }.sorted
-      ms(ms.size / 2)
-    }
+    def medianMs(): Double = BenchStores.median((1 to runs).map { _ =>
+      val started = System.nanoTime()
+      live.writeSnapshotView(1, visitor)
+      (System.nanoTime() - started) / 1e6
+    })
     println(s"snapshot view of version 1, ${store.keys} keys, undo entries of $updates updates above it; median of $runs views")
     for (above <- 0 to maxAbove) {
       if (above > 0) { // as while a snapshot is written: appended, every undo entry kept
-        val changes = new ChangeSet(live)
-        for (_ <- 0 until updates) {
-          val k = store.rnd.nextInt(store.keys)
-          changes.put(Key(store.keyBytes(k)), Entry(store.keyBytes(k), store.value()))
-        }
+        val changes = store.randomChanges(updates)
         live.applyCommit(live.prepareCommit(changes), 0, inPlace = false)
         changes.release()
       }

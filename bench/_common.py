@@ -428,12 +428,14 @@ class StateFiles:
         }
 
 
-def drop_file(source: Path, input_dir: Path) -> None:
-    """Copy ``source`` into a streaming query's input folder atomically: the file source skips
-    names starting with a dot, so the copy becomes visible only when it is renamed."""
-    hidden = input_dir / f".{source.name}.tmp"
+def drop_file(source: Path, input_dir: Path, name: str | None = None) -> None:
+    """Copy ``source`` into a streaming query's input folder atomically, as ``name`` (its own name
+    by default): the file source skips names starting with a dot, so the copy becomes visible
+    only when it is renamed."""
+    name = name or source.name
+    hidden = input_dir / f".{name}.tmp"
     shutil.copyfile(source, hidden)
-    os.replace(hidden, input_dir / source.name)
+    os.replace(hidden, input_dir / name)
 
 
 def wait_for_batch(

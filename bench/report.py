@@ -195,6 +195,13 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return lines
 
 
+def _warmup(report: dict[str, Any]) -> str:
+    """The heading's words for the warm-up batches each run's JVM ran first (``--warmup-batches``),
+    or none: reports from before the option, and runs without a warm-up, say nothing."""
+    n = report.get("warmup_batches") or 0
+    return f", {n} warm-up batches in each run's JVM first" if n else ""
+
+
 def w1_section(report: dict[str, Any], path: Path) -> list[str]:
     """W1's run description, table, heapstate's targets and where heapstate loses."""
     p = report["params"]
@@ -213,8 +220,8 @@ def w1_section(report: dict[str, Any], path: Path) -> list[str]:
             f"`{path.name}`): K={p['keys']:,} keys, {p['payload']}-character payloads, "
             f"{p['updates']:,} keys updated per batch, {p['batches']} batches, "
             f"maintenance interval {', '.join(sorted(intervals)) or 'Spark default'}, "
-            f"driver heap {report.get('driver_memory')}, restart {restart}. Ratios are against "
-            "HDFS; every figure is lower-is-better."
+            f"driver heap {report.get('driver_memory')}, restart {restart}{_warmup(report)}. "
+            "Ratios are against HDFS; every figure is lower-is-better."
         ),
         "",
     ]
@@ -297,7 +304,7 @@ def w5_section(report: dict[str, Any], path: Path) -> list[str]:
             f"payloads, {p['updates']:,} keys updated per batch, {p['batches']} batches, "
             f"driver heap {report.get('driver_memory')}, JVM options "
             f"{' '.join(f'`{o}`' for o in report.get('java_options') or []) or 'none'} "
-            "(for every provider). Figures over batches 2 and later."
+            f"(for every provider){_warmup(report)}. Figures over batches 2 and later."
         ),
         "",
     ]

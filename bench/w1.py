@@ -38,6 +38,7 @@ import os
 import platform
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -87,6 +88,14 @@ SCRIPT = Path(__file__).resolve()
 STEADY_FROM = 2
 """Trigger and commit figures are taken over batches with this id and later: batch 0 loads every
 key and batch 1 is the first to update them (class loading, JIT, first delta)."""
+RUN_WARMUP = 30
+"""Batches of the same query and provider that a fresh worker JVM runs on a scratch checkpoint
+before a measured run (``--warmup-batches``). Without them the JIT compiler is still busy
+through the measured batches, compiling Spark's own per-batch code (planning, mostly): in a
+heapstate W5 run at K=4M it compiled about 1,000 methods a second through batches 2 to 11, and
+took about 3 of the 10 CPU-seconds of 5 s of them on a 2-core machine, more than the task
+threads; it was what preempted their commits most. After 30 warm-up batches (10 to 15 s) it
+compiles a tenth as much in the measured batches. Every provider gets the same warm-up."""
 PRETOUCH = "-XX:+AlwaysPreTouch"
 """The JVM option of ``--pretouch``: the JVM writes each page of heap when it commits it, not
 when the program first uses it, so the kernel's first-touch page faults land when the heap grows
@@ -109,6 +118,23 @@ def add_jvm_arguments(parser: argparse.ArgumentParser, heap_example: str) -> Non
         help=f"an extra option for every worker JVM, such as {heap_example} "
         "(repeatable; one word each)",
     )
+    parser.add_argument(
+        "--warmup-batches",
+        type=int,
+        metavar="N",
+        help="before a run's measured batches, run N small batches of the same query and provider "
+        f"on a scratch checkpoint in the same JVM (see _warm_up; default {RUN_WARMUP} with a JVM "
+        "per provider, 0 in a shared one)",
+    )
+
+
+def resolve_warmup(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--warmup-batches``' default: RUN_WARMUP with a JVM per provider, none in a shared JVM
+    (``--size small``, a quick check, where later runs find the JVM warm anyway)."""
+    if args.warmup_batches is None:
+        args.warmup_batches = RUN_WARMUP if args.jvm == "per-provider" else 0
+    if args.warmup_batches < 0:
+        parser.error("--warmup-batches must be 0 or more")
 
 
 def worker_java_options(args: argparse.Namespace) -> list[str]:
@@ -322,7 +348,10 @@ def _run_batches(spark: Any, spec: dict[str, Any]) -> dict[str, Any]:
     work = Path(spec["work_dir"])
     shutil.rmtree(work, ignore_errors=True)
     (work / "input").mkdir(parents=True)
+    warmup = spec.get("warmup_batches", 0)
+    warmup_triggers = _warm_up(spark, spec, warmup, "run") if warmup > 0 else None
     result: dict[str, Any] = {
+        "warmup_trigger_ms": warmup_triggers,
         "environment": _environment(spark),
         "maintenance_interval": spark.conf.get(MAINTENANCE_CONF),
         "heap_baseline": jvm_heap_after_gc(spark),
@@ -390,23 +419,34 @@ def worker_run_shared(spec: dict[str, Any]) -> None:
         spark.stop()
 
 
-def _warm_up(spark: Any, spec: dict[str, Any]) -> list[float]:
-    """Run the same query with the same provider over two small batches (data files 1 and 2) on
-    a scratch checkpoint, so that the restart's figure is loading the state, not the JVM's start
-    (class loading, JIT, code generation). Returns the warm-up batches' trigger ms."""
+def _warm_up(
+    spark: Any, spec: dict[str, Any], batches: int = 2, what: str = "restart"
+) -> list[float]:
+    """Run the same query with the same provider over ``batches`` small batches on a scratch
+    checkpoint, so that a figure measured next in this JVM is the provider's work, not the JVM's
+    start (class loading, JIT, code generation). The batches take data files 1 and 2 in turn (U
+    keys each), so the scratch state stays at 2U keys at most. Returns their trigger ms.
+
+    A restart takes two. A run (``--warmup-batches``) may take more: in a fresh JVM the JIT
+    compiler is still busy through the first few dozen batches (compiling Spark's planning code,
+    mostly), and on two cores it takes its time from the tasks."""
     scratch = Path(spec["work_dir"]) / "warmup"
     shutil.rmtree(scratch, ignore_errors=True)
     (scratch / "input").mkdir(parents=True)
     query = _start_query(spark, scratch / "input", scratch / "checkpoint")
     triggers = []
     try:
-        for batch, data_file in enumerate((1, 2)):
-            _drop_file(Path(spec["data_dir"]), scratch / "input", data_file)
+        for batch in range(batches):
+            data_file = _batch_file(Path(spec["data_dir"]), 1 + batch % 2)
+            drop_file(data_file, scratch / "input", f"warmup-{batch:05d}.parquet")
             triggers.append(wait_for_batch(query, batch)["durationMs"]["triggerExecution"])
     finally:
         query.stop()
     shutil.rmtree(scratch, ignore_errors=True)
-    progress(f"{spec['provider']:<18} restart warm-up: triggers {triggers} ms")
+    progress(
+        f"{_run_name(spec):<18} {what} warm-up: {batches} batches, median trigger "
+        f"{statistics.median(triggers):.0f} ms, last {triggers[-1]} ms"
+    )
     return triggers
 
 
@@ -715,6 +755,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.batches = args.batches if args.batches is not None else size.batches
     args.restart = args.restart or size.restart
     args.jvm = args.jvm or size.jvm
+    resolve_warmup(parser, args)
     if args.jvm == "shared" and args.restart == "fresh-process":
         parser.error("--jvm shared restarts in the same JVM: use --restart same-process or none")
     if args.batches < STEADY_FROM + 1:
@@ -884,6 +925,7 @@ def main(argv: list[str] | None = None) -> int:
             "restart": args.restart,
             "restarts": args.restarts,
             "restart_warmup": args.restart_warmup,
+            "warmup_batches": args.warmup_batches,
         }
         for provider in providers
     ]
@@ -933,6 +975,7 @@ def main(argv: list[str] | None = None) -> int:
         "restart_mode": args.restart,
         "jvm": args.jvm,
         "restart_warmup": args.restart_warmup and args.restart == "fresh-process",
+        "warmup_batches": args.warmup_batches,
         "java_options": java_options,
         "steady_from_batch": STEADY_FROM,
         "maintenance_interval": {n: r.get("maintenance_interval") for n, r in runs.items()},

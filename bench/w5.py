@@ -114,6 +114,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.batches = args.batches or size.batches
     args.driver_memory = args.driver_memory or size.driver_memory
     args.jvm = args.jvm or size.jvm
+    w1.resolve_warmup(parser, args)
     if len(args.keys) < 2 or args.keys != sorted(set(args.keys)):
         parser.error("--keys must name at least two different K values, in increasing order")
     if args.batches < w1.STEADY_FROM + 1:
@@ -368,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
                     "provider_confs": provider.spark_confs(),
                     "restart": "none",
                     "restart_warmup": False,
+                    "warmup_batches": args.warmup_batches,
                 }
             )
 
@@ -427,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "driver_memory": args.driver_memory,
         "jvm": args.jvm,
+        "warmup_batches": args.warmup_batches,
         "java_options": java_options,
         "steady_from_batch": w1.STEADY_FROM,
         "heapstate_jar": jar_info,

@@ -262,6 +262,52 @@ def test_w5_heading_names_the_jvm_options() -> None:
     w5["java_options"] = ["-XX:+AlwaysPreTouch"]
     after = "driver heap 12g, JVM options `-XX:+AlwaysPreTouch` (for every provider)."
     assert after in report.w5_section(w5, path)[0]
+    w5["warmup_batches"] = 30
+    warm = (
+        "JVM options `-XX:+AlwaysPreTouch` (for every provider), 30 warm-up batches in each "
+        "run's JVM first. Figures"
+    )
+    assert warm in report.w5_section(w5, path)[0]
+
+
+def test_w1_heading_names_the_warmup() -> None:
+    warm = {**W1, "warmup_batches": 30}
+    heading = report.w1_section(warm, Path("w1.json"))[0]
+    assert heading.endswith(
+        "driver heap 1g, restart in the same JVM, 30 warm-up batches in each run's JVM first. "
+        "Ratios are against HDFS; every figure is lower-is-better."
+    )
+    assert (
+        report.w1_section({**W1, "warmup_batches": 0}, Path("w1.json"))[0]
+        == (report.w1_section(W1, Path("w1.json"))[0])
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--size", "full"], 30),
+        (["--size", "small"], 0),
+        (["--size", "full", "--jvm", "shared", "--restart", "none"], 0),
+        (["--size", "full", "--warmup-batches", "5"], 5),
+        (["--size", "small", "--warmup-batches", "5"], 5),
+    ],
+)
+def test_warmup_batches_default_to_30_in_a_jvm_per_provider(argv: list[str], expected: int) -> None:
+    import w1
+    import w5
+
+    assert w1.parse_args(argv).warmup_batches == expected
+    w5_argv = [a for a in argv if a != "--restart" and a != "none"]
+    assert w5.parse_args(w5_argv).warmup_batches == expected
+
+
+def test_negative_warmup_batches_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    import w1
+
+    with pytest.raises(SystemExit):
+        w1.parse_args(["--warmup-batches", "-1"])
+    assert "--warmup-batches must be 0 or more" in capsys.readouterr().err
 
 
 def test_pyspark_submit_args_quote_the_java_options_as_one_argument() -> None:

@@ -91,11 +91,12 @@ key and batch 1 is the first to update them (class loading, JIT, first delta).""
 RUN_WARMUP = 30
 """Batches of the same query and provider that a fresh worker JVM runs on a scratch checkpoint
 before a measured run (``--warmup-batches``). Without them the JIT compiler is still busy
-through the measured batches, compiling Spark's own per-batch code (planning, mostly): in a
-heapstate W5 run at K=4M it compiled about 1,000 methods a second through batches 2 to 11, and
-took about 3 of the 10 CPU-seconds of 5 s of them on a 2-core machine, more than the task
-threads; it was what preempted their commits most. After 30 warm-up batches (10 to 15 s) it
-compiles a tenth as much in the measured batches. Every provider gets the same warm-up."""
+through the measured batches, compiling Spark's own per-batch code (planning, mostly). In a
+heapstate W5 run at K=4M on a 2-core machine (``perf sched``, 26 November), the compiler threads
+took 3.05 of the 10 CPU-seconds of 5 s of batches 1 to 11, more than the task threads' 1.97, and
+were what preempted those most (615 times, 488 ms of waiting). After 30 warm-up batches (10 to
+15 s): 1.59 of 8 CPU-seconds in 4 s, and 145 ms of waiting. Every provider gets the same
+warm-up."""
 PRETOUCH = "-XX:+AlwaysPreTouch"
 """The JVM option of ``--pretouch``: the JVM writes each page of heap when it commits it, not
 when the program first uses it, so the kernel's first-touch page faults land when the heap grows

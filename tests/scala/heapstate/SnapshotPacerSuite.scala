@@ -106,6 +106,27 @@ class SnapshotPacerSuite extends AnyFunSuite {
     intercept[IllegalArgumentException](new SnapshotPacer(1.5, () => false))
   }
 
+  test("a store's report to Spark's coordinator is counted as part of its commit, which a background snapshot yields to") {
+    import StoreFixture._
+    val p = provider(tempDir(), Map("spark.sql.streaming.stateStore.commitValidation.enabled" -> "true"))
+    val reports = scala.collection.mutable.ArrayBuffer.empty[(Long, Int)]
+    p.reportCommit = (version, id, _) => { assert(id.partitionId == 0); reports += ((version, StateEngine.commitsRunning)) }
+    for (v <- 0 until 3) {
+      val s = p.getStore(v.toLong, None, false, false)
+      put(s, v.toLong, v.toLong)
+      assert(s.commit() == v + 1L)
+    }
+    assert(reports.toList == List((1L, 1), (2L, 1), (3L, 1)), "each version reported once, while counted as a commit")
+    assert(StateEngine.commitsRunning == 0)
+    // A report that fails leaves no commit counted.
+    p.reportCommit = (_, _, _) => throw new IllegalStateException("coordinator unreachable")
+    val s = p.getStore(3, None, false, false)
+    put(s, 3, 3)
+    intercept[IllegalStateException](s.commit())
+    assert(StateEngine.commitsRunning == 0, "a failed report left the count raised")
+    p.close()
+  }
+
   test("StateEngine counts the commits running, which is what a real pacer waits on; a failed commit is not left counted") {
     import StoreFixture._
     val root = tempDir()

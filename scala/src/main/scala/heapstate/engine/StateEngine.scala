@@ -109,8 +109,17 @@ object SnapshotPacer {
 object StateEngine {
   private val running = new java.util.concurrent.atomic.AtomicInteger()
 
-  /** How many commits run now, in every store of this JVM; background snapshots wait for them (see [[SnapshotPacer]]). */
+  /**
+   * How many commits run now, in every store of this JVM; background snapshots wait for them (see
+   * [[SnapshotPacer]]). A store's commit counts until its report to Spark's coordinator returns.
+   */
   def commitsRunning: Int = running.get
+
+  /** Runs `body` counted in [[commitsRunning]] (counts nest); a `body` that throws is not left counted. */
+  def committing[T](body: => T): T = {
+    running.incrementAndGet()
+    try body finally running.decrementAndGet()
+  }
 
   /**
    * Lets one paced snapshot write at a time in the JVM, whichever thread runs it. Two threads
@@ -299,9 +308,7 @@ final class StateEngine(
       changes: ChangeSet,
       baseId: Option[String] = None,
       newId: Option[String] = None): CommitResult = synchronized {
-    StateEngine.running.incrementAndGet()
-    try commitNow(baseVersion, changes, baseId, newId)
-    finally StateEngine.running.decrementAndGet()
+    StateEngine.committing(commitNow(baseVersion, changes, baseId, newId))
   }
 
   private def commitNow(

@@ -18,7 +18,7 @@ package heapstate.bench
 object ArenaChurn {
   def main(args: Array[String]): Unit = {
     val opts = BenchStores.options(args)
-    val store = OneStore(opts, defaultValueBytes = 280) // W1's value row: 256 hex chars, a string field, a count
+    val store = OneStore(opts, defaultValueBytes = OneStore.W1ValueBytes)
     import store.{keys, live, valueBytes}
     val updates = opts.getOrElse("updates", "2500").toInt
     val commits = opts.getOrElse("commits", "200").toInt

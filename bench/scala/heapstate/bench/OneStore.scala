@@ -42,6 +42,9 @@ private[bench] final class OneStore(val keys: Int, val valueBytes: Int) {
 }
 
 private[bench] object OneStore {
+  /** W1's value row, in bytes: 256 hex characters as a string field, and a count. */
+  val W1ValueBytes = 280
+
   /** A store of `--keys` keys (250,000: a quarter of W1's) with `--value-bytes` value rows. */
   def apply(opts: Map[String, String], defaultValueBytes: Int): OneStore =
     new OneStore(opts.getOrElse("keys", "250000").toInt, opts.getOrElse("value-bytes", defaultValueBytes.toString).toInt)

@@ -17,7 +17,7 @@ import heapstate.engine.LiveState
 object SnapshotView {
   def main(args: Array[String]): Unit = {
     val opts = BenchStores.options(args)
-    val store = OneStore(opts, defaultValueBytes = 280) // W1's value row: 256 hex chars, a string field, a count
+    val store = OneStore(opts, defaultValueBytes = OneStore.W1ValueBytes)
     val updates = opts.getOrElse("updates", "2500").toInt
     val maxAbove = opts.getOrElse("max-above", "4").toInt
     val runs = opts.getOrElse("runs", "9").toInt

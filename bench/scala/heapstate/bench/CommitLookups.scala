@@ -26,7 +26,7 @@ object CommitLookups {
     val storeCount = opts.getOrElse("stores", "4").toInt
     val updates = opts.getOrElse("updates", "2500").toInt
     val versions = opts.getOrElse("versions", "60").toInt
-    val valueBytes = opts.getOrElse("value-bytes", "88").toInt // W5's row: 64 hex chars, a flag, a count
+    val valueBytes = opts.getOrElse("value-bytes", OneStore.W5ValueBytes.toString).toInt
     val threads = ManagementFactory.getThreadMXBean
     // Read at random between a store's reads and its commit: the rest of a task's work, which
     // leaves little of those reads in the caches and the TLB.

@@ -20,7 +20,7 @@ import heapstate.engine.{ChangeSet, Entry, Key, MemoryModel}
 object UndoHeap {
   def main(args: Array[String]): Unit = {
     val opts = BenchStores.options(args)
-    val store = OneStore(opts, defaultValueBytes = 296) // W1's row: 256 hex chars, a flag, a count
+    val store = OneStore(opts, defaultValueBytes = OneStore.W1ValueBytes)
     import store.{keyBytes, keys, live, rnd, value}
     val updates = opts.getOrElse("updates", "2500").toInt
     val versions = opts.getOrElse("versions", "10").toInt

@@ -532,6 +532,25 @@ def fmt_ms(value: float) -> str:
     return f"{value:,.0f} ms"
 
 
+def slowest_batch_detail(target: dict[str, Any]) -> str:
+    """What W1's spikes target says of its slowest steady batch, for the console and the README:
+    which batch, how much of it G1's marking ran beside, its longest GC pause and its commit.
+    Each part is left out when the report does not hold it (reports before it was recorded)."""
+    if target.get("slowest_batch") is None:
+        return ""
+    parts = [f"batch {target['slowest_batch']}"]
+    marking = target.get("slowest_batch_marking_ms")
+    if marking is not None:
+        parts.append(f"G1 marking ran {fmt_ms(marking)} of it")
+    pause = target.get("slowest_batch_pause_ms")
+    if pause is not None:
+        parts.append(f"longest GC pause in it {fmt_ms(pause)}")
+    commit = target.get("slowest_batch_commit_ms")
+    if commit is not None:
+        parts.append(f"its commit {fmt_ms(commit)}")
+    return "; slowest: " + ", ".join(parts)
+
+
 def fmt_ms_fine(value: float) -> str:
     return f"{value:,.1f} ms"
 

@@ -31,7 +31,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from _common import BASELINE, PROVIDERS, REPO_DIR, RESULTS_DIR, fmt_ms, fmt_ms_fine
+from _common import (
+    BASELINE,
+    PROVIDERS,
+    REPO_DIR,
+    RESULTS_DIR,
+    fmt_ms,
+    fmt_ms_fine,
+    slowest_batch_detail,
+)
 
 BEGIN = "<!-- perf-tables:begin -->"
 END = "<!-- perf-tables:end -->"
@@ -280,11 +288,7 @@ def _target_line(target: dict[str, Any]) -> str:
     elif _GROWTH_TARGET.search(name):
         fmt = "{:.2f}x".format
     detail = f" ({fmt(value)} against {fmt(limit)})" if value is not None and limit else ""
-    if target.get("slowest_batch") is not None:
-        marking = target.get("slowest_batch_marking_ms")
-        detail += f"; slowest: batch {target['slowest_batch']}" + (
-            f", G1 marking ran {fmt_ms(marking)} of it" if marking is not None else ""
-        )
+    detail += slowest_batch_detail(target)
     return f"- {verdict}: {name}{detail}"
 
 

@@ -79,6 +79,7 @@ from _common import (
     recovery_chains,
     resolve_jar,
     run_worker,
+    slowest_batch_detail,
     timestamp,
     wait_for_batch,
     write_json,
@@ -554,6 +555,17 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         "trigger_ms_max_marking_ms": (
             marking(slowest) if slowest is not None and cycles is not None else None
         ),
+        "trigger_ms_max_pause_ms": (
+            max(
+                pauses_between(
+                    run["gc_pauses"], slowest["start_epoch_ms"], slowest["end_epoch_ms"]
+                ),
+                default=0.0,
+            )
+            if slowest is not None and "gc_pauses" in run
+            else None
+        ),
+        "trigger_ms_max_commit_ms": slowest["commit_ms"] if slowest else None,
     }
 
 
@@ -625,9 +637,12 @@ def targets(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         "trigger_ms_median",
     )
     if hs and hs.get("trigger_ms_max_batch") is not None:
-        # Where the slowest batch fell, and how much of it G1's marking thread ran beside it.
+        # Where the slowest batch fell, how much of it G1's marking thread ran beside it, its
+        # longest GC pause and its commit: what most often made a batch slow.
         spikes["slowest_batch"] = hs["trigger_ms_max_batch"]
         spikes["slowest_batch_marking_ms"] = hs.get("trigger_ms_max_marking_ms")
+        spikes["slowest_batch_pause_ms"] = hs.get("trigger_ms_max_pause_ms")
+        spikes["slowest_batch_commit_ms"] = hs.get("trigger_ms_max_commit_ms")
     return [
         check(
             "median bytes/batch <= 0.6x HDFS",
@@ -672,11 +687,7 @@ def print_targets(results: list[dict[str, Any]]) -> None:
             detail = f"  ({t['value']:,.0f} vs limit {t['limit']:,.0f})"
         elif t["pass"] is None:
             detail = "  (not measured: needs heapstate and HDFS in the same run, or compaction)"
-        if t.get("slowest_batch") is not None:
-            marking = t.get("slowest_batch_marking_ms")
-            detail += f"; slowest: batch {t['slowest_batch']}" + (
-                f", G1 marking ran {marking:,.0f} ms of it" if marking is not None else ""
-            )
+        detail += slowest_batch_detail(t)
         print(f"  {verdict}  {t['target']}{detail}")
 
 

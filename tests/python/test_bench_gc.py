@@ -80,12 +80,25 @@ def test_the_slowest_steady_batch_and_the_marking_beside_it(tmp_path: Path) -> N
         _batch(4, 2900, 300),
         _batch(5, 4900, 250),  # 4900-5150: the 100 ms cycle
     ]
-    run = {"batches": batches, "gc_pauses": [], "gc_mark_cycles": gc_mark_cycles(log)}
+    batches[3]["commit_ms"] = 175
+    pauses = [
+        {"end_epoch_ms": 2150, "kind": "Pause Young", "pause_ms": 80.0},  # in batch 2
+        {"end_epoch_ms": 2300, "kind": "Pause Young", "pause_ms": 12.0},  # in batch 3
+        {"end_epoch_ms": 2850, "kind": "Pause Young", "pause_ms": 52.0},  # in batch 3
+    ]
+    run = {"batches": batches, "gc_pauses": pauses, "gc_mark_cycles": gc_mark_cycles(log)}
     summary = w1.summarize(run)
     assert summary["trigger_ms_max"] == 700
     assert summary["trigger_ms_max_batch"] == 3
     assert summary["trigger_ms_max_marking_ms"] == 400.0
+    assert summary["trigger_ms_max_pause_ms"] == 52.0  # not batch 2's 80 ms
+    assert summary["trigger_ms_max_commit_ms"] == 175
     assert summary["gc_marking_batches"] == 3  # steady batches with any marking: 2, 3 and 5
+
+    # No pause in the slowest batch is 0 ms; a run whose report has no pauses says nothing.
+    assert w1.summarize({**run, "gc_pauses": pauses[:1]})["trigger_ms_max_pause_ms"] == 0.0
+    no_pauses = {k: v for k, v in run.items() if k != "gc_pauses"}
+    assert w1.summarize(no_pauses)["trigger_ms_max_pause_ms"] is None
 
     # A run from before the report read marking cycles says nothing about them, not zero.
     older = w1.summarize({"batches": batches, "gc_pauses": []})
@@ -102,23 +115,32 @@ SPIKES = {
     "pass": False,
     "slowest_batch": 3,
     "slowest_batch_marking_ms": 400.0,
+    "slowest_batch_pause_ms": 52.0,
+    "slowest_batch_commit_ms": 175,
 }
 
 
 def test_the_spike_target_names_the_slowest_batch(capsys: Any) -> None:
     hs = {"trigger_ms_max": 700.0, "trigger_ms_median": 300.0, "trigger_ms_max_batch": 3}
+    measured = {
+        "trigger_ms_max_marking_ms": 400.0,
+        "trigger_ms_max_pause_ms": 52.0,
+        "trigger_ms_max_commit_ms": 175,
+    }
     spikes = [
         t
-        for t in w1.targets({"heapstate": {**hs, "trigger_ms_max_marking_ms": 400.0}})
+        for t in w1.targets({"heapstate": {**hs, **measured}})
         if t["target"].startswith("max trigger")
     ]
     assert spikes == [SPIKES]
     w1.print_targets(spikes)
     assert capsys.readouterr().out.splitlines()[-1] == (
         "  FAIL  max trigger <= 1.5x median (batch >= 2)  (700 vs limit 450); "
-        "slowest: batch 3, G1 marking ran 400 ms of it"
+        "slowest: batch 3, G1 marking ran 400 ms of it, longest GC pause in it 52 ms, "
+        "its commit 175 ms"
     )
-    w1.print_targets(w1.targets({"heapstate": {**hs, "trigger_ms_max_marking_ms": None}})[4:5])
+    # A summary from before these were recorded names the batch alone.
+    w1.print_targets(w1.targets({"heapstate": hs})[4:5])
     assert capsys.readouterr().out.splitlines()[-1].endswith("(700 vs limit 450); slowest: batch 3")
 
 
@@ -126,6 +148,17 @@ def test_the_readme_target_line_names_the_slowest_batch() -> None:
     import report
 
     assert report._target_line(SPIKES) == (
+        "- FAIL: max trigger <= 1.5x median (batch >= 2) (700.0 ms against 450.0 ms); "
+        "slowest: batch 3, G1 marking ran 400 ms of it, longest GC pause in it 52 ms, "
+        "its commit 175 ms"
+    )
+    # Reports written before the pause and the commit were recorded read as they did.
+    marking_only = {
+        k: v
+        for k, v in SPIKES.items()
+        if k not in ("slowest_batch_pause_ms", "slowest_batch_commit_ms")
+    }
+    assert report._target_line(marking_only) == (
         "- FAIL: max trigger <= 1.5x median (batch >= 2) (700.0 ms against 450.0 ms); "
         "slowest: batch 3, G1 marking ran 400 ms of it"
     )

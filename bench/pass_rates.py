@@ -1,0 +1,111 @@
+"""How often each of heapstate's targets passed, over many W1 or W5 reports.
+
+One run of W1 or W5 passes or fails each target once; on a 2-core machine some targets land near
+their limits and a run's verdict is partly chance. This script reads any number of reports and
+gives, for each target, how many runs it passed and the spread of its figure as a share of its
+limit (value / limit: at most 1.00 passes, for every target the benchmarks set)::
+
+    .venv/bin/python bench/pass_rates.py bench/results/w1-20261126-08*.json
+    .venv/bin/python bench/pass_rates.py bench/results/w5-*.json --by-jar
+
+Reports are grouped by benchmark and, with ``--by-jar``, by the sha256 of the heapstate jar they
+measured (its first 10 hex digits name the group), so that an A/B of two jars (``--jar``) reads
+as two tables. A target that a report could not measure (``n/a``: HDFS not in the run, say)
+counts in neither column. The reports' own order does not matter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from report import load
+
+
+def group_key(report: dict[str, Any], by_jar: bool) -> str:
+    """The table a report goes to: its benchmark, and its jar's hash with ``by_jar``."""
+    key = str(report["benchmark"])
+    if by_jar:
+        sha = ((report.get("heapstate_jar") or {}).get("sha256") or "unknown")[:10]
+        key += f", jar {sha}"
+    return key
+
+
+def rates(reports: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per target, in the order the first report lists them: runs passed, runs measured, and the
+    lowest, median and highest value / limit over the measured runs."""
+    order: list[str] = []
+    shares: dict[str, list[float]] = {}
+    passed: dict[str, int] = {}
+    for report in reports:
+        for target in report.get("targets") or []:
+            name = str(target["target"])
+            if name not in shares:
+                order.append(name)
+                shares[name], passed[name] = [], 0
+            if target.get("pass") is None or not target.get("limit"):
+                continue
+            shares[name].append(float(target["value"]) / float(target["limit"]))
+            passed[name] += bool(target["pass"])
+    return [
+        {
+            "target": name,
+            "passed": passed[name],
+            "measured": len(shares[name]),
+            "lowest": min(shares[name], default=None),
+            "median": statistics.median(shares[name]) if shares[name] else None,
+            "highest": max(shares[name], default=None),
+        }
+        for name in order
+    ]
+
+
+def render(title: str, runs: int, rows: Sequence[dict[str, Any]]) -> list[str]:
+    """A Markdown table of ``rows`` (see ``rates``) under a line naming the group and its runs."""
+
+    def share(v: float | None) -> str:
+        return "" if v is None else f"{v:.2f}"
+
+    lines = [
+        f"**{title}**, {runs} run{'' if runs == 1 else 's'}",
+        "",
+        "| target | passed | value / limit: lowest | median | highest |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if not r["measured"]:
+            lines.append(f"| {r['target']} | not measured | | | |")
+            continue
+        lines.append(
+            f"| {r['target']} | {r['passed']} of {r['measured']} | {share(r['lowest'])} | "
+            f"{share(r['median'])} | {share(r['highest'])} |"
+        )
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("reports", nargs="+", type=Path, help="W1 or W5 JSON reports")
+    parser.add_argument(
+        "--by-jar", action="store_true", help="one table per heapstate jar (by its sha256)"
+    )
+    args = parser.parse_args(argv)
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for path in args.reports:
+        report = load(path)
+        if report["benchmark"] not in ("W1", "W5"):
+            parser.error(f"{path}: a {report['benchmark']} report; only W1 and W5 set targets")
+        groups.setdefault(group_key(report, args.by_jar), []).append(report)
+    out: list[str] = []
+    for title in sorted(groups):
+        out += [*render(title, len(groups[title]), rates(groups[title])), ""]
+    print("\n".join(out).rstrip())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,7 +8,7 @@ limit (value / limit: at most 1.00 passes, for every target the benchmarks set):
     .venv/bin/python bench/pass_rates.py bench/results/w1-20261126-08*.json
     .venv/bin/python bench/pass_rates.py bench/results/w5-*.json --by-jar
 
-Reports are grouped by benchmark and, with ``--by-jar``, by the sha256 of the heapstate jar they
+Reports are grouped by benchmark and ``--size`` and, with ``--by-jar``, by the sha256 of the heapstate jar they
 measured (its first 10 hex digits name the group), so that an A/B of two jars (``--jar``) reads
 as two tables. A target that a report could not measure (``n/a``: HDFS not in the run, say)
 counts in neither column. The reports' own order does not matter.
@@ -27,8 +27,8 @@ from report import load
 
 
 def group_key(report: dict[str, Any], by_jar: bool) -> str:
-    """The table a report goes to: its benchmark, and its jar's hash with ``by_jar``."""
-    key = str(report["benchmark"])
+    """The table a report goes to: its benchmark and size, and its jar's hash with ``by_jar``."""
+    key = f"{report['benchmark']} {report.get('size', '')}".rstrip()
     if by_jar:
         sha = ((report.get("heapstate_jar") or {}).get("sha256") or "unknown")[:10]
         key += f", jar {sha}"

@@ -27,6 +27,7 @@ def _w1(
     target measured (against 1,000) only when ``restart`` is given."""
     return {
         "benchmark": "W1",
+        "size": "full",
         "heapstate_jar": {"path": "/x/heapstate.jar", "sha256": jar},
         "targets": [
             {"target": SPIKES, "value": spike, "limit": 500.0, "pass": passed},
@@ -76,14 +77,14 @@ def test_the_tables_group_by_jar_and_say_what_was_not_measured(tmp_path: Path, c
     paths = _write(tmp_path, [_w1(400, True), _w1(550, False, jar="b" * 64), _w1(450, True)])
     assert pass_rates.main(["--by-jar", *paths]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        "**W1, jar aaaaaaaaaa**, 2 runs",
+        "**W1 full, jar aaaaaaaaaa**, 2 runs",
         "",
         "| target | passed | value / limit: lowest | median | highest |",
         "|---|---|---|---|---|",
         f"| {SPIKES} | 2 of 2 | 0.80 | 0.85 | 0.90 |",
         f"| {RESTART} | not measured | | | |",
         "",
-        "**W1, jar bbbbbbbbbb**, 1 run",
+        "**W1 full, jar bbbbbbbbbb**, 1 run",
         "",
         "| target | passed | value / limit: lowest | median | highest |",
         "|---|---|---|---|---|",

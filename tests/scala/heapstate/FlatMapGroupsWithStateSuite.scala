@@ -42,6 +42,18 @@ object FlatMapGroupsWithStateSuite {
       Iterator(FmgOut(key, n, "update"))
     }
 
+  /** What [[countSeeingWriters]] saw of [[heapstate.engine.StateEngine.storesWriting]], call by call. */
+  val WritersSeen = new java.util.concurrent.ConcurrentLinkedQueue[Integer]()
+  /** A key whose call fails its task, or null. */
+  @volatile var FailOnKey: String = null
+
+  /** [[countUntilTimeout]], recording how many stores tasks write as it runs (inside one of them). */
+  def countSeeingWriters(key: String, events: Iterator[FmgEvent], state: GroupState[FmgCount]): Iterator[FmgOut] = {
+    WritersSeen.add(heapstate.engine.StateEngine.storesWriting)
+    if (key == FailOnKey) throw new IllegalStateException(s"the test fails the task of key $key")
+    countUntilTimeout(key, events, state)
+  }
+
   /** One file per batch: (key, event minute). The first three run before the restart. */
   val Batches: Seq[Seq[(String, Int)]] = Seq(
     Seq("a" -> 0, "a" -> 1, "b" -> 2),
@@ -120,7 +132,10 @@ class FlatMapGroupsWithStateSuite extends AnyFunSuite with BeforeAndAfterAll {
   }
 
   /** Runs the query with Trigger.AvailableNow until it ends; returns each batch's sorted rows. */
-  private def runAvailableNow(input: JPath, checkpoint: JPath): Seq[(Long, Seq[(String, Long, String)])] = {
+  private def runAvailableNow(
+      input: JPath,
+      checkpoint: JPath,
+      fn: (String, Iterator[FmgEvent], GroupState[FmgCount]) => Iterator[FmgOut] = countUntilTimeout): Seq[(Long, Seq[(String, Long, String)])] = {
     val session = spark
     import session.implicits._
     val collected = new java.util.concurrent.ConcurrentLinkedQueue[(Long, Seq[(String, Long, String)])]()
@@ -133,7 +148,7 @@ class FlatMapGroupsWithStateSuite extends AnyFunSuite with BeforeAndAfterAll {
       .as[FmgEvent]
     val out = events
       .groupByKey(_.k)
-      .flatMapGroupsWithState(OutputMode.Update(), GroupStateTimeout.EventTimeTimeout())(countUntilTimeout)
+      .flatMapGroupsWithState(OutputMode.Update(), GroupStateTimeout.EventTimeTimeout())(fn)
     val sink: (Dataset[FmgOut], Long) => Unit = (batch, id) =>
       collected.add(id -> batch.collect().toSeq.map(o => (o.k, o.n, o.status)).sorted)
     val query = out.writeStream
@@ -231,6 +246,37 @@ class FlatMapGroupsWithStateSuite extends AnyFunSuite with BeforeAndAfterAll {
       val heap = run(heapDir, HeapProvider, format = 1, restart = false)
       assert(hdfs == Expected.take(BeforeRestart + 1), "the HDFS provider's batches")
       assert(heap == hdfs, "heapstate's batches differ from the HDFS provider's")
+    }
+  }
+
+  test("a task writing a heapstate store counts in StateEngine.storesWriting, for background snapshots to wait for; a failed task leaves none counted") {
+    import heapstate.engine.StateEngine
+    withDirs { (_, dir) =>
+      spark.conf.set(ProviderConf, HeapProvider)
+      try {
+        val input = dir.resolve("input")
+        (0 until BeforeRestart).foreach(writeBatch(input, _))
+        WritersSeen.clear()
+        val batches = runAvailableNow(input, dir.resolve("ok"), countSeeingWriters)
+        assert(batches == Expected.take(BeforeRestart + 1), "the query's batches")
+        val seen = WritersSeen.asScala.toList.map(_.intValue)
+        assert(seen.nonEmpty && seen.forall(n => n >= 1 && n <= 2),
+          s"inside a task of two partitions on two cores, between 1 and 2 stores written: $seen")
+        assert(StateEngine.storesWriting == 0, "stores still counted after the query committed its batches")
+
+        FailOnKey = "b"
+        val failed = intercept[Exception](runAvailableNow(input, dir.resolve("failed"), countSeeingWriters))
+        assert(Iterator.iterate(failed: Throwable)(_.getCause).takeWhile(_ != null)
+          .exists(e => String.valueOf(e.getMessage).contains("the test fails the task of key b")), failed)
+        // The task's completion listener runs before Spark hears the task failed; allow the
+        // driver's side a moment all the same.
+        val deadline = System.nanoTime() + 10000000000L
+        while (StateEngine.storesWriting != 0 && System.nanoTime() < deadline) Thread.sleep(10)
+        assert(StateEngine.storesWriting == 0, "the failed task's store is still counted")
+      } finally {
+        FailOnKey = null
+        spark.conf.unset(ProviderConf)
+      }
     }
   }
 }

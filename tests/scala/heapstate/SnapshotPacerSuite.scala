@@ -17,7 +17,7 @@ class SnapshotPacerSuite extends AnyFunSuite {
     var now = 0L
     var cpu = 0L
     var abandonNow = false
-    /** A commit runs until the wall clock reaches this. */
+    /** The tasks are busy (a store written or a commit running) until the wall clock reaches this. */
     var commitUntil = 0L
     val parks = scala.collection.mutable.ArrayBuffer.empty[Long]
     val pacer = new SnapshotPacer(
@@ -26,7 +26,7 @@ class SnapshotPacerSuite extends AnyFunSuite {
       clock = () => now,
       park = n => { parks += n; now += n },
       cpuClock = () => cpu,
-      committing = () => now < commitUntil)
+      busy = () => now < commitUntil)
     /** Works `ms` milliseconds of CPU, after waiting `waitedMs` for a core, then reports `bytes` written. */
     def work(ms: Long, bytes: Int = MiB, waitedMs: Long = 0): Unit = {
       now += (ms + waitedMs) * Ms; cpu += ms * Ms; pacer.wrote(bytes)
@@ -62,6 +62,35 @@ class SnapshotPacerSuite extends AnyFunSuite {
     val rig = new Rig(1.0)
     for (_ <- 1 to 3) rig.work(10)
     assert(rig.parks.isEmpty && rig.now == 30 * Ms)
+  }
+
+  test("tasks that get busy within a chunk end it at the next write: the chunk rests for the work it did, then waits") {
+    val rig = new Rig(1.0 / 3)
+    rig.work(2, MiB / 8)
+    assert(rig.parks.isEmpty, "tasks idle, an eighth of a MiB: no pause")
+    rig.commitUntil = 23 * Ms // a task opens a store now, at 2 ms, and commits it at 23 ms
+    rig.work(1, MiB / 8)
+    assert(rig.parks == Seq(6 * Ms) ++ Seq.fill(14)(Ms), "3 ms of work rest 6 ms, then wait from 9 ms to 23 ms")
+    assert(rig.now == 23 * Ms)
+    rig.work(1, MiB / 8)
+    assert(rig.parks.length == 15, "the tasks are done: the next chunk counts from 23 ms and runs on")
+    rig.work(9, MiB - MiB / 8)
+    assert(rig.parks.drop(15) == Seq(20 * Ms), "a MiB after the wait: the rest for its 10 ms of work")
+  }
+
+  test("with the tasks always busy, small writes still get a ninth of the wall time as work") {
+    val rig = new Rig(1.0 / 3)
+    rig.commitUntil = Long.MaxValue
+    // About 0.1 ms of CPU for each write of 32 KiB: a MiB every 3.2 ms of work.
+    val writeNs = 100000L
+    var writes = 0
+    while (rig.now < 3000 * Ms) {
+      rig.now += writeNs; rig.cpu += writeNs; rig.pacer.wrote(MiB / 32)
+      writes += 1
+    }
+    val share = rig.cpu.toDouble / rig.now
+    assert(share >= 1.0 / 9 - 0.01 && share <= 1.0 / 3, s"work share $share over ${rig.now / Ms} ms and $writes writes")
+    assert(rig.parks.count(_ == Ms).toDouble * Ms <= 2.0 / 3 * rig.now + Ms, "waited for the tasks more than two thirds of the time")
   }
 
   test("a snapshot gives up at its next pause when a task needs the state, before or after resting") {

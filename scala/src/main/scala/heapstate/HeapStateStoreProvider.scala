@@ -4,6 +4,7 @@ import scala.jdk.CollectionConverters._
 import scala.util.control.NonFatal
 
 import org.apache.hadoop.conf.Configuration
+import org.apache.spark.TaskContext
 import org.apache.spark.sql.catalyst.expressions.{BoundReference, UnsafeProjection, UnsafeRow}
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.types.StructType
@@ -277,6 +278,18 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       forceSnapshot: Boolean) extends StateStore {
     private val changes = new ChangeSet(live)
     private var phase: Phase = Updating
+    /**
+     * A store a task writes counts in [[StateEngine.storesWriting]], for background snapshots to
+     * wait for, until its commit returns, it is aborted or its task ends (whichever comes first: a
+     * task that fails before either does not leave it counted). Read stores, and stores made
+     * outside a task (tests, benchmarks), do not count.
+     */
+    private val writer: Option[StateEngine.Writer] =
+      if (readOnly) None else Option(TaskContext.get()).map { task =>
+        val w = StateEngine.writer()
+        task.addTaskCompletionListener[Unit](_ => w.close())
+        w
+      }
     private var committed: CommitResult = _
     /**
      * Microseconds [[commit]] spent in the engine, and then reporting to Spark's coordinator; and
@@ -380,7 +393,7 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       // to yield to (see SnapshotPacer): it is a call to the driver, whose threads need a core to
       // answer it. In two of six W1 runs, reports made while a snapshot was written took 2 to 3.5
       // times as long as the others.
-      val stored = StateEngine.committing {
+      val stored = try StateEngine.committing {
         committed = engine.commit(version, changes, uniqueId, newId)
         val stored = System.nanoTime()
         storeCpuMicros = (threadCpuNanos() - cpuStarted) / 1000
@@ -388,7 +401,7 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
         changes.release() // the live state and the undo log hold what they need of it
         if (storeConf.commitValidationEnabled) reportCommit(committed.version, storeId, hadoopConf)
         stored
-      }
+      } finally writer.foreach(_.close())
       storeMicros = (stored - started) / 1000
       reportMicros = (System.nanoTime() - stored) / 1000
       if (forceSnapshot) engine.snapshotIfDue(force = true).foreach(reportSnapshot)
@@ -398,7 +411,10 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       committed.version
     }
 
-    override def abort(): Unit = if (phase == Updating) { phase = Aborted; changes.clear() }
+    override def abort(): Unit = {
+      if (phase == Updating) { phase = Aborted; changes.clear() }
+      writer.foreach(_.close())
+    }
 
     override def release(): Unit = abort()
 

@@ -17,12 +17,12 @@ counts in neither column. The reports' own order does not matter.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from _common import maximum, median
 from report import load
 
 
@@ -57,8 +57,8 @@ def rates(reports: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "passed": passed[name],
             "measured": len(shares[name]),
             "lowest": min(shares[name], default=None),
-            "median": statistics.median(shares[name]) if shares[name] else None,
-            "highest": max(shares[name], default=None),
+            "median": median(shares[name]),
+            "highest": maximum(shares[name]),
         }
         for name in order
     ]

@@ -38,7 +38,6 @@ import os
 import platform
 import random
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -447,7 +446,7 @@ def _warm_up(
     shutil.rmtree(scratch, ignore_errors=True)
     progress(
         f"{_run_name(spec):<18} {what} warm-up: {batches} batches, median trigger "
-        f"{statistics.median(triggers):.0f} ms, last {triggers[-1]} ms"
+        f"{median(triggers):.0f} ms, last {triggers[-1]} ms"
     )
     return triggers
 

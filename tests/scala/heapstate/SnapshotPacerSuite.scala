@@ -18,7 +18,7 @@ class SnapshotPacerSuite extends AnyFunSuite {
     var cpu = 0L
     var abandonNow = false
     /** The tasks are busy (a store written or a commit running) until the wall clock reaches this. */
-    var commitUntil = 0L
+    var busyUntil = 0L
     val parks = scala.collection.mutable.ArrayBuffer.empty[Long]
     val pacer = new SnapshotPacer(
       dutyCycle,
@@ -26,7 +26,7 @@ class SnapshotPacerSuite extends AnyFunSuite {
       clock = () => now,
       park = n => { parks += n; now += n },
       cpuClock = () => cpu,
-      busy = () => now < commitUntil)
+      busy = () => now < busyUntil)
     /** Works `ms` milliseconds of CPU, after waiting `waitedMs` for a core, then reports `bytes` written. */
     def work(ms: Long, bytes: Int = MiB, waitedMs: Long = 0): Unit = {
       now += (ms + waitedMs) * Ms; cpu += ms * Ms; pacer.wrote(bytes)
@@ -68,7 +68,7 @@ class SnapshotPacerSuite extends AnyFunSuite {
     val rig = new Rig(1.0 / 3)
     rig.work(2, MiB / 8)
     assert(rig.parks.isEmpty, "tasks idle, an eighth of a MiB: no pause")
-    rig.commitUntil = 23 * Ms // a task opens a store now, at 2 ms, and commits it at 23 ms
+    rig.busyUntil = 23 * Ms // a task opens a store now, at 2 ms, and commits it at 23 ms
     rig.work(1, MiB / 8)
     assert(rig.parks == Seq(6 * Ms) ++ Seq.fill(14)(Ms), "3 ms of work rest 6 ms, then wait from 9 ms to 23 ms")
     assert(rig.now == 23 * Ms)
@@ -80,7 +80,7 @@ class SnapshotPacerSuite extends AnyFunSuite {
 
   test("with the tasks always busy, small writes still get a ninth of the wall time as work") {
     val rig = new Rig(1.0 / 3)
-    rig.commitUntil = Long.MaxValue
+    rig.busyUntil = Long.MaxValue
     // About 0.1 ms of CPU for each write of 32 KiB: a MiB every 3.2 ms of work.
     val writeNs = 100000L
     var writes = 0
@@ -105,7 +105,7 @@ class SnapshotPacerSuite extends AnyFunSuite {
 
   test("after its rest a chunk waits, a millisecond at a time, until no commit runs") {
     val rig = new Rig(1.0 / 3)
-    rig.commitUntil = 52 * Ms
+    rig.busyUntil = 52 * Ms
     rig.work(10) // rests to 30 ms, then waits for the commit
     assert(rig.parks == Seq(20 * Ms) ++ Seq.fill(22)(Ms))
     assert(rig.now == 52 * Ms)
@@ -115,7 +115,7 @@ class SnapshotPacerSuite extends AnyFunSuite {
 
   test("a snapshot waits for commits at most two thirds of its wall time: never more than three times slower") {
     val rig = new Rig(1.0 / 3)
-    rig.commitUntil = Long.MaxValue // some commit always runs
+    rig.busyUntil = Long.MaxValue // some commit always runs
     rig.work(10)
     assert(rig.now == 90 * Ms, "30 ms of work and rest, then 60 ms waiting: two thirds of 90")
     rig.work(10)
@@ -125,7 +125,7 @@ class SnapshotPacerSuite extends AnyFunSuite {
 
   test("a snapshot waiting for a commit gives up when a task needs the state") {
     val rig = new Rig(1.0 / 3, abandonAfterParks = 6)
-    rig.commitUntil = Long.MaxValue
+    rig.busyUntil = Long.MaxValue
     intercept[SnapshotPacer.Abandoned](rig.work(10))
     assert(rig.parks == Seq(20 * Ms) ++ Seq.fill(5)(Ms), "the rest, then five polls, and no wait after the abandon")
   }

@@ -15,6 +15,7 @@ import java.nio.file.Files
  * {{{
  *   bin/sbt "bench/runMain heapstate.bench.SnapshotWrite"
  *   bin/sbt "bench/runMain heapstate.bench.SnapshotWrite --keys 250000 --runs 5"
+ *   bin/sbt "bench/runMain heapstate.bench.SnapshotWrite --bucket-bytes 32768"
  * }}}
  */
 object SnapshotWrite {
@@ -24,7 +25,9 @@ object SnapshotWrite {
     val runs = opts.getOrElse("runs", "5").toInt
     val updates = 2500
     val root = Files.createTempDirectory("snapshot-write")
-    val p = Providers.find(_.name == "heapstate").get
+    val base = Providers.find(_.name == "heapstate").get
+    val p = opts.get("bucket-bytes").fold(base)(b =>
+      base.copy(confs = base.confs + ("spark.sql.streaming.stateStore.heapstate.snapshotBucketBytes" -> b)))
     val provider = RestartLoad.open(p, root.toString, 0)
     try {
       val first = provider.getStore(0)

@@ -47,7 +47,7 @@ object ArenaChurn {
     val tail = micros.drop(commits / 2).sorted
     val entryBytes = keys.toLong * (8 + 16 + valueBytes)
     println(f"keys $keys%,d, updates $updates%,d a commit, $commits%,d commits, " +
-      (if (inPlace) s"${live.writtenInPlace} updates written in place" else "updates appended"))
+      (if (appendRun < appendPeriod) s"${live.writtenInPlace} updates written in place" else "updates appended"))
     println(f"commit (second half): median ${tail(tail.length / 2) / 1000.0}%.2f ms, max ${tail.last / 1000.0}%.2f ms")
     if (appendPeriod > 1) {
       val byPosition = (0 until appendPeriod).map { k =>

@@ -27,7 +27,7 @@ object SnapshotWrite {
     val root = Files.createTempDirectory("snapshot-write")
     val base = Providers.find(_.name == "heapstate").get
     val p = opts.get("bucket-bytes").fold(base)(b =>
-      base.copy(confs = base.confs + ("spark.sql.streaming.stateStore.heapstate.snapshotBucketBytes" -> b)))
+      base.copy(confs = base.confs + (heapstate.HeapStateConf.SnapshotBucketBytes.key -> b)))
     val provider = RestartLoad.open(p, root.toString, 0)
     try {
       val first = provider.getStore(0)

@@ -41,6 +41,7 @@ HEAPSTATE_CLASS = "heapstate.HeapStateStoreProvider"
 HDFS_CLASS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 ROCKSDB_CLASS = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
+HEAPSTATE_PLUGIN = "heapstate.TaskActivityPlugin"
 CHANGELOG_CONF = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
 MAINTENANCE_CONF = "spark.sql.streaming.stateStore.maintenanceInterval"
 
@@ -228,10 +229,16 @@ def pyspark_submit_args(
     which a SparkSession builder conf cannot do once ``pyspark`` launches the gateway. With
     ``gc_log``, the driver JVM (which is also the executor under ``local[*]``) writes its GC log
     there (``-Xlog:gc``, each line stamped with the epoch milliseconds; see ``gc_pauses``).
-    ``java_options`` go to the driver JVM as well (none may contain a space)."""
+    ``java_options`` go to the driver JVM as well (none may contain a space).
+
+    ``jars`` is heapstate's jar, in a worker that runs heapstate: with it goes heapstate's plugin
+    (``spark.plugins``), as ``heapstate.configure`` registers it, so that the benchmarks measure
+    heapstate as its users run it. A ``--conf spark.plugins=...`` of the benchmark's own command
+    line replaces it (an empty value runs without it)."""
     parts = ["--driver-memory", driver_memory]
     if jars:
         parts += ["--jars", ",".join(str(j) for j in jars)]
+        parts += ["--conf", f"spark.plugins={HEAPSTATE_PLUGIN}"]
     options = list(java_options)
     if any(" " in o or not o for o in options):
         raise SystemExit(f"JVM options {options}: each must be one word, without spaces")

@@ -54,6 +54,7 @@ from _common import (
     heap_after_full_gcs,
     jvm_heap_after_gc,
     progress,
+    pyspark_submit_args,
     timestamp,
     write_json,
 )
@@ -180,11 +181,11 @@ def main(argv: list[str] | None = None) -> int:
         import heapstate
 
         jar = Path(heapstate.jar_path()) if heapstate.jar_path() else REPO_JAR
-        os.environ["PYSPARK_SUBMIT_ARGS"] = f"--driver-memory 4g --jars {jar} pyspark-shell"
+        os.environ["PYSPARK_SUBMIT_ARGS"] = pyspark_submit_args("4g", [jar])
     else:
         confs.pop(HEAPSTATE_PREFIX + "compactionInterval")
         confs["spark.sql.streaming.stateStore.minDeltasForSnapshot"] = str(args.compaction_interval)
-        os.environ["PYSPARK_SUBMIT_ARGS"] = "--driver-memory 4g pyspark-shell"
+        os.environ["PYSPARK_SUBMIT_ARGS"] = pyspark_submit_args("4g")
     progress(
         f"soak: {provider.name}, {args.batches} batches, K={args.keys:,} U={args.updates:,}, "
         f"compaction every {args.compaction_interval}, retain {args.retain}"

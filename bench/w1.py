@@ -341,6 +341,7 @@ def _environment(spark: Any) -> dict[str, Any]:
         "java_version": jvm.java.lang.System.getProperty("java.version"),
         "jvm_max_heap": int(runtime.maxMemory()),
         "available_processors": int(runtime.availableProcessors()),
+        "spark_plugins": spark.sparkContext.getConf().get("spark.plugins", ""),
     }
 
 

@@ -33,6 +33,7 @@ from heapstate._checkpoint import (
 from heapstate._config import (
     CODECS,
     CONF_PREFIX,
+    PLUGIN_CLASS,
     PROVIDER_CLASS,
     PROVIDER_CONF,
     SPARK_DEFAULT_PROVIDER,
@@ -46,6 +47,7 @@ from heapstate.buffered import buffered_output, drain
 __all__ = [
     "CODECS",
     "CONF_PREFIX",
+    "PLUGIN_CLASS",
     "PROVIDER_CLASS",
     "PROVIDER_CONF",
     "SPARK_DEFAULT_PROVIDER",

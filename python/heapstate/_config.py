@@ -30,6 +30,14 @@ SPARK_DEFAULT_PROVIDER = (
 )
 """The provider Spark uses when ``spark.sql.streaming.stateStore.providerClass`` is not set."""
 
+PLUGIN_CLASS = "heapstate.TaskActivityPlugin"
+"""heapstate's Spark plugin, for ``spark.plugins``: it counts every task an executor runs, so
+that background snapshots wait while tasks run on every core, not only while stores are written.
+Without it heapstate works the same, with snapshots that compete with stateless stages."""
+
+PLUGINS_CONF = "spark.plugins"
+"""Spark's list of plugins, read once when the session's SparkContext starts."""
+
 CODECS = ("zstd", "lz4", "snappy", "none")
 """The values ``codec`` allows."""
 
@@ -167,11 +175,36 @@ def conf_entries(
 # The builder
 
 
-def _append_jar(existing: str | None, jar: str) -> str:
-    jars = [j.strip() for j in (existing or "").split(",") if j.strip()]
-    if jar not in jars:
-        jars.append(jar)
-    return ",".join(jars)
+def _append_listed(existing: str | None, item: str) -> str:
+    """``existing`` (a comma-separated list, or None) with ``item`` at its end, once."""
+    items = [i.strip() for i in (existing or "").split(",") if i.strip()]
+    if item not in items:
+        items.append(item)
+    return ",".join(items)
+
+
+def _spark_defaults(key: str) -> str | None:
+    """``key``'s value in the ``spark-defaults.conf`` that ``SPARK_CONF_DIR`` (or else
+    ``SPARK_HOME``'s ``conf``) points at; None where there is no such file or key."""
+    import os
+    import re
+
+    conf_dir = os.environ.get("SPARK_CONF_DIR") or (
+        os.path.join(os.environ["SPARK_HOME"], "conf") if os.environ.get("SPARK_HOME") else None
+    )
+    if not conf_dir:
+        return None
+    path = Path(conf_dir) / "spark-defaults.conf"
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None
+    value = None
+    for line in lines:
+        parts = re.split(r"[\s=]+", line.strip(), maxsplit=1)
+        if parts[0] == key and len(parts) == 2:
+            value = parts[1].strip()
+    return value
 
 
 def configure(
@@ -181,12 +214,18 @@ def configure(
     codec: str | None = None,
     undo_versions: int | None = None,
     checkpoint: Checkpoints | None = None,
+    task_plugin: bool = True,
     **more: Any,
 ) -> B:
     """Point a ``SparkSession.Builder`` at heapstate and return the builder.
 
     - Appends the bundled jar to ``spark.jars``, keeping the jars already set. It works before
       or after Delta's ``configure_spark_with_delta_pip``, which sets ``spark.jars.packages``.
+    - Appends heapstate's plugin (:data:`PLUGIN_CLASS`) to ``spark.plugins``, keeping the plugins
+      the builder or ``spark-defaults.conf`` lists; ``task_plugin=False`` leaves it out. Spark
+      reads ``spark.plugins`` once, when the session starts, and the builder's value wins over a
+      ``--conf spark.plugins`` given to ``spark-submit`` or in ``PYSPARK_SUBMIT_ARGS``: list
+      such plugins in the builder too.
     - Sets ``spark.sql.streaming.stateStore.providerClass`` to heapstate, so new queries use it.
     - Passes the options through as ``spark.sql.streaming.stateStore.heapstate.*`` (see
       :func:`conf_entries`); an unknown option, or a bad value, raises ``ValueError`` naming it.
@@ -201,12 +240,20 @@ def configure(
     '5'
     >>> builder._options["spark.jars"] == heapstate.jar_path()
     True
+    >>> builder._options["spark.plugins"]
+    'heapstate.TaskActivityPlugin'
     """
+    if not isinstance(task_plugin, bool):
+        # ValueError, as for every other bad option (see conf_entries).
+        raise ValueError(f"heapstate option task_plugin must be True or False, not {task_plugin!r}")  # noqa: TRY004
     entries = conf_entries(
         compaction_interval=compaction_interval, codec=codec, undo_versions=undo_versions, **more
     )
-    existing = getattr(builder, "_options", {}).get("spark.jars")
-    builder.config("spark.jars", _append_jar(existing, jar_path()))
+    options = getattr(builder, "_options", {})
+    builder.config("spark.jars", _append_listed(options.get("spark.jars"), jar_path()))
+    if task_plugin:
+        plugins = options.get(PLUGINS_CONF, _spark_defaults(PLUGINS_CONF))
+        builder.config(PLUGINS_CONF, _append_listed(plugins, PLUGIN_CLASS))
     for key, value in entries.items():
         builder.config(key, value)
     if checkpoint is not None:

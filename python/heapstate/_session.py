@@ -3,8 +3,10 @@
 ``spark.sql.streaming.stateStore.providerClass`` is a runtime SQL conf: changing it affects only
 queries started later. A query that is running keeps its provider, and so does every checkpoint:
 Spark pins the provider in the offset log and a restart uses the pinned one. Only the provider
-conf and heapstate's option confs are touched; the jar itself can only be added when the session
-starts (:func:`heapstate.configure`, or ``heapstate submit-args`` for ``spark-submit``).
+conf and heapstate's option confs are touched; the jar itself, and heapstate's plugin
+(``spark.plugins``), can only be added when the session starts (:func:`heapstate.configure`, or
+``heapstate submit-args`` for ``spark-submit``). Without the plugin heapstate works the same; its
+background snapshots then wait only for the tasks that write a store.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The heapstate command line.
 
-  heapstate submit-args [--compaction-interval N] [--codec C] [--undo-versions N]
+  heapstate submit-args [--compaction-interval N] [--codec C] [--undo-versions N] [--no-task-plugin]
       prints the spark-submit flags that turn heapstate on
   heapstate inspect CHECKPOINT [--json] [--no-verify]
       shows each operator's and partition's state files, versions and recovery chains
@@ -20,7 +20,14 @@ import shlex
 import sys
 from collections.abc import Sequence
 
-from heapstate._config import conf_entries, jar_path
+from heapstate._config import (
+    PLUGIN_CLASS,
+    PLUGINS_CONF,
+    _append_listed,
+    _spark_defaults,
+    conf_entries,
+    jar_path,
+)
 
 EXIT_PROBLEMS = 1
 EXIT_ERROR = 2
@@ -43,6 +50,14 @@ def _parser() -> argparse.ArgumentParser:
     submit.add_argument("--compaction-interval", type=int, metavar="N")
     submit.add_argument("--codec", metavar="CODEC", help="zstd, lz4, snappy or none")
     submit.add_argument("--undo-versions", type=int, metavar="N")
+    submit.add_argument(
+        "--no-task-plugin",
+        action="store_true",
+        help=f"leave {PLUGIN_CLASS} out of {PLUGINS_CONF} (it lets background snapshots wait "
+        f"while tasks run on every core). The {PLUGINS_CONF} printed keeps the plugins of "
+        "spark-defaults.conf; a later --conf "
+        f"{PLUGINS_CONF} replaces it, so list other plugins there, comma-separated",
+    )
 
     inspect = sub.add_parser(
         "inspect",
@@ -99,6 +114,9 @@ def _submit_args(args: argparse.Namespace) -> int:
         undo_versions=args.undo_versions,
     )
     flags = ["--jars", jar_path()]
+    if not args.no_task_plugin:
+        plugins = _append_listed(_spark_defaults(PLUGINS_CONF), PLUGIN_CLASS)
+        flags += ["--conf", f"{PLUGINS_CONF}={plugins}"]
     for key, value in entries.items():
         flags += ["--conf", f"{key}={value}"]
     print(" ".join(shlex.quote(f) for f in flags))
@@ -129,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     >>> from heapstate.cli import main
     >>> main(["submit-args", "--codec", "lz4"])  # doctest: +ELLIPSIS
-    --jars .../heapstate.jar --conf spark.sql.streaming.stateStore.providerClass=heapstate.HeapStateStoreProvider --conf spark.sql.streaming.stateStore.heapstate.compressionCodec=lz4
+    --jars .../heapstate.jar --conf spark.plugins=heapstate.TaskActivityPlugin --conf spark.sql.streaming.stateStore.providerClass=heapstate.HeapStateStoreProvider --conf spark.sql.streaming.stateStore.heapstate.compressionCodec=lz4
     0
     """
     args = _parser().parse_args(argv)

@@ -88,8 +88,22 @@ def versions_of(names: dict[str, int], suffix: str) -> list[int]:
 # submit-args
 
 
-def test_submit_args_prints_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
+def test_submit_args_prints_the_flags(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SPARK_CONF_DIR", raising=False)  # no spark-defaults.conf plugins to keep
+    monkeypatch.delenv("SPARK_HOME", raising=False)
     code, out, err = run_cli(capsys, "submit-args")
+    assert (code, err) == (0, "")
+    assert shlex.split(out) == [
+        "--jars",
+        heapstate.jar_path(),
+        "--conf",
+        "spark.plugins=heapstate.TaskActivityPlugin",
+        "--conf",
+        f"{PROVIDER_CONF}={HEAPSTATE_PROVIDER}",
+    ]
+    code, out, err = run_cli(capsys, "submit-args", "--no-task-plugin")
     assert (code, err) == (0, "")
     assert shlex.split(out) == [
         "--jars",
@@ -99,7 +113,11 @@ def test_submit_args_prints_the_flags(capsys: pytest.CaptureFixture[str]) -> Non
     ]
 
 
-def test_submit_args_passes_options(capsys: pytest.CaptureFixture[str]) -> None:
+def test_submit_args_passes_options(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SPARK_CONF_DIR", raising=False)
+    monkeypatch.delenv("SPARK_HOME", raising=False)
     code, out, _ = run_cli(
         capsys,
         "submit-args",
@@ -114,6 +132,8 @@ def test_submit_args_passes_options(capsys: pytest.CaptureFixture[str]) -> None:
     assert shlex.split(out) == [
         "--jars",
         heapstate.jar_path(),
+        "--conf",
+        "spark.plugins=heapstate.TaskActivityPlugin",
         "--conf",
         f"{PROVIDER_CONF}={HEAPSTATE_PROVIDER}",
         "--conf",

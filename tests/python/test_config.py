@@ -57,6 +57,7 @@ def test_configure_sets_jar_provider_and_options() -> None:
     assert builder_options(builder) == {
         "spark.master": "local[1]",
         "spark.jars": heapstate.jar_path(),
+        "spark.plugins": heapstate.PLUGIN_CLASS,
         PROVIDER_CONF: HEAPSTATE_PROVIDER,
         PREFIX + "compactionInterval": "5",
         PREFIX + "compressionCodec": "lz4",
@@ -64,18 +65,88 @@ def test_configure_sets_jar_provider_and_options() -> None:
     }
 
 
-def test_configure_without_options_sets_jar_and_provider_only() -> None:
+def test_configure_without_options_sets_jar_plugin_and_provider_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("SPARK_CONF_DIR", raising=False)
+    monkeypatch.delenv("SPARK_HOME", raising=False)
     builder = heapstate.configure(SparkSession.builder)
+    assert builder_options(builder) == {
+        "spark.jars": heapstate.jar_path(),
+        "spark.plugins": "heapstate.TaskActivityPlugin",
+        PROVIDER_CONF: HEAPSTATE_PROVIDER,
+    }
+    builder = heapstate.configure(SparkSession.builder, task_plugin=False)
     assert builder_options(builder) == {
         "spark.jars": heapstate.jar_path(),
         PROVIDER_CONF: HEAPSTATE_PROVIDER,
     }
 
 
-def test_configure_appends_to_jars_already_set_and_only_once() -> None:
-    builder = SparkSession.builder.config("spark.jars", "/opt/a.jar, /opt/b.jar")
+def test_configure_appends_to_jars_and_plugins_already_set_and_only_once() -> None:
+    builder = SparkSession.builder.config("spark.jars", "/opt/a.jar, /opt/b.jar").config(
+        "spark.plugins", "com.example.APlugin"
+    )
     heapstate.configure(heapstate.configure(builder))
     assert builder_options(builder)["spark.jars"] == f"/opt/a.jar,/opt/b.jar,{heapstate.jar_path()}"
+    assert (
+        builder_options(builder)["spark.plugins"]
+        == "com.example.APlugin,heapstate.TaskActivityPlugin"
+    )
+
+
+def test_configure_keeps_the_plugins_of_spark_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The builder's spark.plugins replaces the one spark-defaults.conf gives; configure() lists
+    # both, so that setting heapstate's plugin does not drop the user's.
+    (tmp_path / "spark-defaults.conf").write_text(
+        "# a comment\nspark.plugins   com.example.APlugin,com.example.BPlugin\n"
+        "spark.executor.memory 2g\n"
+    )
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    expected = "com.example.APlugin,com.example.BPlugin,heapstate.TaskActivityPlugin"
+    builder = heapstate.configure(SparkSession.builder)
+    assert builder_options(builder)["spark.plugins"] == expected
+    assert heapstate.cli.main(["submit-args"]) == 0
+    assert f"--conf spark.plugins={expected} " in capsys.readouterr().out
+
+
+def test_configure_rejects_a_task_plugin_that_is_not_a_bool() -> None:
+    with pytest.raises(
+        ValueError, match="heapstate option task_plugin must be True or False, not 'no'"
+    ):
+        heapstate.configure(SparkSession.builder, task_plugin="no")  # type: ignore[arg-type]
+
+
+def test_the_suite_session_counts_its_tasks_with_heapstates_plugin(session: SparkSession) -> None:
+    # The session conftest builds with configure() runs heapstate's plugin: a running task is
+    # counted in the JVM that background snapshots pace themselves in, and none once it ended.
+    import threading
+    import time
+
+    engine = session.sparkContext._jvm.heapstate.engine.StateEngine
+    assert heapstate.PLUGIN_CLASS in session.sparkContext.getConf().get("spark.plugins", "")
+    assert engine.tasksRunning() == 0
+    seen: list[int] = []
+    done = threading.Event()
+
+    def job() -> None:
+        try:
+            session.sparkContext.parallelize([3.0], 1).foreach(time.sleep)
+        finally:
+            done.set()
+
+    runner = threading.Thread(target=job)
+    runner.start()
+    while not done.is_set():
+        seen.append(engine.tasksRunning())
+        time.sleep(0.02)
+    runner.join()
+    assert set(seen) <= {0, 1} and seen.count(1) >= 50, (
+        f"a 3-second task, polled every 20 ms: {seen}"
+    )
+    assert engine.tasksRunning() == 0
 
 
 def test_conf_entries_lists_provider_then_options() -> None:

@@ -8,6 +8,8 @@ confs can also arrive through ``spark-defaults.conf`` or ``--conf``.
 from __future__ import annotations
 
 import difflib
+import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,9 +188,6 @@ def _append_listed(existing: str | None, item: str) -> str:
 def _spark_defaults(key: str) -> str | None:
     """``key``'s value in the ``spark-defaults.conf`` that ``SPARK_CONF_DIR`` (or else
     ``SPARK_HOME``'s ``conf``) points at; None where there is no such file or key."""
-    import os
-    import re
-
     conf_dir = os.environ.get("SPARK_CONF_DIR") or (
         os.path.join(os.environ["SPARK_HOME"], "conf") if os.environ.get("SPARK_HOME") else None
     )

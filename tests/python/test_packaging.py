@@ -73,7 +73,8 @@ def test_wheel_bundles_the_jar_and_works_in_a_fresh_venv(tmp_path: Path) -> None
     assert Path(jar).is_relative_to(venv), jar
     assert Path(jar).read_bytes() == repo_jar
 
-    expected = ["--jars", jar, "--conf", PROVIDER_FLAG]
+    expected = ["--jars", jar, "--conf", "spark.plugins=heapstate.TaskActivityPlugin"]
+    expected += ["--conf", PROVIDER_FLAG]
     for argv in ([venv / "bin" / "heapstate"], [venv / "bin" / "python", "-m", "heapstate"]):
         done = run(*argv, "submit-args")
         assert (done.returncode, done.stderr) == (0, ""), argv

@@ -284,7 +284,7 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
      * task that fails before either does not leave it counted). Read stores, and stores made
      * outside a task (tests, benchmarks), do not count.
      */
-    private val writer: Option[StateEngine.Writer] =
+    private val writer: Option[StateEngine.Counted] =
       if (readOnly) None else Option(TaskContext.get()).map { task =>
         val w = StateEngine.writer()
         task.addTaskCompletionListener[Unit](_ => w.close())

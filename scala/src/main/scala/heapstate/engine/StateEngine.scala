@@ -40,10 +40,10 @@ final case class EngineSettings(
  * stages leave a core free. With [[heapstate.TaskActivityPlugin]] registered, tasks that write no
  * store count too, once they run on every core: in W1 on two cores the snapshot thread was the
  * one the task threads most often waited behind for a core, during the scan stage, and the spike
- * target passed in 11 runs of 12 with the plugin against 7 of 12 without (stop 39). So that a JVM whose tasks are always busy still gets its snapshots, the waiting is
- * on a budget: it stops once the snapshot has spent [[SnapshotPacer.MaxYieldShare]] of its wall
- * time waiting, which makes it at most three times slower than its duty cycle alone; a chunk past
- * that budget runs to its MiB.
+ * target passed in 11 runs of 12 with the plugin against 7 of 12 without (stop 39). So that a JVM
+ * whose tasks are always busy still gets its snapshots, the waiting is on a budget: it stops once
+ * the snapshot has spent [[SnapshotPacer.MaxYieldShare]] of its wall time waiting, which makes it
+ * at most three times slower than its duty cycle alone; a chunk past that budget runs to its MiB.
  *
  * The undo log keeps what the snapshot still needs for as long as it runs. A paced snapshot gives
  * up at its next pause when a roll-back, reload or close waits for it: none of them should wait
@@ -150,14 +150,14 @@ object StateEngine {
   /** How many Spark tasks run now in this JVM, as [[heapstate.TaskActivityPlugin]] counts them; 0 without it. */
   def tasksRunning: Int = tasks.get
 
-  /** Counts one running task until [[Writer.close]] (see [[tasksRunning]]). */
-  def taskRunning(): Writer = new Writer(tasks)
+  /** Counts one running task until [[Counted.close]] (see [[tasksRunning]]). */
+  def taskRunning(): Counted = new Counted(tasks)
 
   /**
    * The cores of this JVM: with as many tasks running (see [[tasksRunning]]), a background
    * snapshot waits, since it could only run on a core a task needs. With fewer, a core is free
-   * (Spark's own threads aside) and it runs, unless a store is written or committed. Waiting for
-   * any one task instead held W1's snapshots back by a fifth more for the same spike pass rate
+   * (Spark's own threads aside) and it runs, unless a store is written or committed. Waiting
+   * whenever any task ran gave W1's stores a fifth fewer snapshots, for the same spike pass rate
    * (stop 39, README).
    */
   private[heapstate] val cores: Int = Runtime.getRuntime.availableProcessors
@@ -168,10 +168,11 @@ object StateEngine {
    */
   def tasksBusy: Boolean = writers.get > 0 || running.get > 0 || tasks.get >= cores
 
-  /** Counts one store written until [[Writer.close]], which may be called any number of times. */
-  def writer(): Writer = new Writer(writers)
+  /** Counts one store written until [[Counted.close]] (see [[storesWriting]]). */
+  def writer(): Counted = new Counted(writers)
 
-  final class Writer private[StateEngine] (count: java.util.concurrent.atomic.AtomicInteger) {
+  /** One in a count of this object's, until `close`, which may be called any number of times. */
+  final class Counted private[StateEngine] (count: java.util.concurrent.atomic.AtomicInteger) {
     private val open = new java.util.concurrent.atomic.AtomicBoolean(true)
     count.incrementAndGet()
     def close(): Unit = if (open.compareAndSet(true, false)) count.decrementAndGet()

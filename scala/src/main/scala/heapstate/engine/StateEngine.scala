@@ -40,10 +40,11 @@ final case class EngineSettings(
  * stages leave a core free. With [[heapstate.TaskActivityPlugin]] registered, tasks that write no
  * store count too, once they run on every core: in W1 on two cores the snapshot thread was the
  * one the task threads most often waited behind for a core, during the scan stage, and the spike
- * target passed in 11 runs of 12 with the plugin against 7 of 12 without (stop 39). So that a JVM
- * whose tasks are always busy still gets its snapshots, the waiting is on a budget: it stops once
- * the snapshot has spent [[SnapshotPacer.MaxYieldShare]] of its wall time waiting, which makes it
- * at most three times slower than its duty cycle alone; a chunk past that budget runs to its MiB.
+ * target passed in 11 runs of 12 with the plugin against 7 of 12 without, alternating (stop 39;
+ * 15 of 18 with six more, README). So that a JVM whose tasks are always busy still gets its
+ * snapshots, the waiting is on a budget: it stops once the snapshot has spent
+ * [[SnapshotPacer.MaxYieldShare]] of its wall time waiting, which makes it at most three times
+ * slower than its duty cycle alone; a chunk past that budget runs to its MiB.
  *
  * The undo log keeps what the snapshot still needs for as long as it runs. A paced snapshot gives
  * up at its next pause when a roll-back, reload or close waits for it: none of them should wait

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,25 +186,87 @@ def _append_listed(existing: str | None, item: str) -> str:
     return ",".join(items)
 
 
+def _spark_conf_dir() -> Path | None:
+    """The folder whose ``spark-defaults.conf`` ``spark-submit`` reads: ``SPARK_CONF_DIR``, else
+    ``SPARK_HOME/conf``, else the ``conf`` folder of the installed pyspark; None without any."""
+    if os.environ.get("SPARK_CONF_DIR"):
+        return Path(os.environ["SPARK_CONF_DIR"])
+    home = os.environ.get("SPARK_HOME")
+    if not home:
+        try:
+            import pyspark
+        except ImportError:
+            return None
+        home = str(Path(pyspark.__file__).parent)
+    return Path(home) / "conf"
+
+
 def _spark_defaults(key: str) -> str | None:
-    """``key``'s value in the ``spark-defaults.conf`` that ``SPARK_CONF_DIR`` (or else
-    ``SPARK_HOME``'s ``conf``) points at; None where there is no such file or key."""
-    conf_dir = os.environ.get("SPARK_CONF_DIR") or (
-        os.path.join(os.environ["SPARK_HOME"], "conf") if os.environ.get("SPARK_HOME") else None
-    )
-    if not conf_dir:
+    """``key``'s value in the ``spark-defaults.conf`` of :func:`_spark_conf_dir`; None where there
+    is no such file or key. Lines are read as ``key value``, ``key=value`` or ``key: value``;
+    ``#`` and ``!`` start comments; a line continued with a backslash is not joined."""
+    conf_dir = _spark_conf_dir()
+    if conf_dir is None:
         return None
-    path = Path(conf_dir) / "spark-defaults.conf"
     try:
-        lines = path.read_text().splitlines()
+        lines = (conf_dir / "spark-defaults.conf").read_text().splitlines()
     except OSError:
         return None
     value = None
     for line in lines:
-        parts = re.split(r"[\s=]+", line.strip(), maxsplit=1)
-        if parts[0] == key and len(parts) == 2:
-            value = parts[1].strip()
+        line = line.strip()
+        if not line or line[0] in "#!":
+            continue
+        parts = re.split(r"\s*[=:]\s*|\s+", line, maxsplit=1)
+        if parts[0] == key:
+            value = parts[1].strip() if len(parts) == 2 else ""
     return value
+
+
+def _submit_args_conf(key: str) -> str | None:
+    """``key``'s value among the ``--conf`` flags of ``PYSPARK_SUBMIT_ARGS`` (the last one wins,
+    as in ``spark-submit``); None where it has none."""
+    try:
+        words = shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", ""))
+    except ValueError:
+        return None
+    value = None
+    for i, word in enumerate(words):
+        if word in ("--conf", "-c") and i + 1 < len(words):
+            setting = words[i + 1]
+        elif word.startswith("--conf="):
+            setting = word[len("--conf=") :]
+        else:
+            continue
+        name, sep, given = setting.partition("=")
+        if sep and name.strip() == key:
+            value = given
+    return value
+
+
+def _running_jvm_conf(key: str) -> str | None:
+    """``key``'s value in the JVM this Python already talks to, where there is one: the JVM of
+    ``spark-submit`` that started this Python (``PYSPARK_GATEWAY_PORT``), or that of an earlier
+    SparkContext. Its system properties hold what ``spark-submit`` was given, ``--conf`` and
+    ``spark-defaults.conf`` alike. None without such a JVM: starting one here would start it
+    without the builder's confs."""
+    try:
+        from pyspark import SparkConf, SparkContext
+    except ImportError:
+        return None
+    if SparkContext._jvm is None and not os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return None
+    return SparkConf().get(key, None)
+
+
+def _plugins_elsewhere() -> str | None:
+    """The ``spark.plugins`` a session would start with if the builder set none (Spark's order:
+    ``spark-submit``'s ``--conf`` over ``spark-defaults.conf``)."""
+    for found in (_running_jvm_conf, _submit_args_conf, _spark_defaults):
+        value = found(PLUGINS_CONF)
+        if value is not None:
+            return value
+    return None
 
 
 def configure(
@@ -221,10 +284,11 @@ def configure(
     - Appends the bundled jar to ``spark.jars``, keeping the jars already set. It works before
       or after Delta's ``configure_spark_with_delta_pip``, which sets ``spark.jars.packages``.
     - Appends heapstate's plugin (:data:`PLUGIN_CLASS`) to ``spark.plugins``, keeping the plugins
-      the builder or ``spark-defaults.conf`` lists; ``task_plugin=False`` leaves it out. Spark
-      reads ``spark.plugins`` once, when the session starts, and the builder's value wins over a
-      ``--conf spark.plugins`` given to ``spark-submit`` or in ``PYSPARK_SUBMIT_ARGS``: list
-      such plugins in the builder too.
+      listed already: the builder's, or else those the session would start with (``--conf`` of
+      ``spark-submit`` or ``PYSPARK_SUBMIT_ARGS``, then ``spark-defaults.conf``), since the
+      builder's value replaces them. ``task_plugin=False`` leaves it out. Spark reads
+      ``spark.plugins`` once, when the session starts: a ``spark.plugins`` the builder is given
+      after this call replaces heapstate's.
     - Sets ``spark.sql.streaming.stateStore.providerClass`` to heapstate, so new queries use it.
     - Passes the options through as ``spark.sql.streaming.stateStore.heapstate.*`` (see
       :func:`conf_entries`); an unknown option, or a bad value, raises ``ValueError`` naming it.
@@ -244,14 +308,15 @@ def configure(
     """
     if not isinstance(task_plugin, bool):
         # ValueError, as for every other bad option (see conf_entries).
-        raise ValueError(f"heapstate option task_plugin must be True or False, not {task_plugin!r}")  # noqa: TRY004
+        problem = f"must be True or False, not {task_plugin!r}"
+        raise ValueError(f"heapstate option task_plugin {problem}")  # noqa: TRY004
     entries = conf_entries(
         compaction_interval=compaction_interval, codec=codec, undo_versions=undo_versions, **more
     )
     options = getattr(builder, "_options", {})
     builder.config("spark.jars", _append_listed(options.get("spark.jars"), jar_path()))
     if task_plugin:
-        plugins = options.get(PLUGINS_CONF, _spark_defaults(PLUGINS_CONF))
+        plugins = options[PLUGINS_CONF] if PLUGINS_CONF in options else _plugins_elsewhere()
         builder.config(PLUGINS_CONF, _append_listed(plugins, PLUGIN_CLASS))
     for key, value in entries.items():
         builder.config(key, value)

@@ -45,7 +45,9 @@ def _parser() -> argparse.ArgumentParser:
         "submit-args",
         help="print the spark-submit flags that turn heapstate on",
         description="Print the --jars and --conf flags for spark-submit, shell-quoted, e.g. "
-        "spark-submit $(heapstate submit-args) job.py",
+        "spark-submit $(heapstate submit-args) job.py. The spark.plugins printed keeps those of "
+        "spark-defaults.conf; a later --conf spark.plugins replaces it, so list other plugins in "
+        "one value, comma-separated.",
     )
     submit.add_argument("--compaction-interval", type=int, metavar="N")
     submit.add_argument("--codec", metavar="CODEC", help="zstd, lz4, snappy or none")
@@ -54,9 +56,7 @@ def _parser() -> argparse.ArgumentParser:
         "--no-task-plugin",
         action="store_true",
         help=f"leave {PLUGIN_CLASS} out of {PLUGINS_CONF} (it lets background snapshots wait "
-        f"while tasks run on every core). The {PLUGINS_CONF} printed keeps the plugins of "
-        "spark-defaults.conf; a later --conf "
-        f"{PLUGINS_CONF} replaces it, so list other plugins there, comma-separated",
+        "while tasks run on every core)",
     )
 
     inspect = sub.add_parser(

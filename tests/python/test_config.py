@@ -47,7 +47,16 @@ def builder_options(builder: Any) -> dict[str, str]:
 # configure() and its options
 
 
-def test_configure_sets_jar_provider_and_options() -> None:
+@pytest.fixture
+def no_plugins_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ``spark.plugins`` anywhere but the builder: no running JVM to ask (the suite's own
+    session is up), no ``PYSPARK_SUBMIT_ARGS``, and no ``spark-defaults.conf``."""
+    monkeypatch.setattr(heapstate._config, "_running_jvm_conf", lambda key: None)
+    monkeypatch.delenv("PYSPARK_SUBMIT_ARGS", raising=False)
+    monkeypatch.setenv("SPARK_CONF_DIR", "/nonexistent/heapstate-test-conf")
+
+
+def test_configure_sets_jar_provider_and_options(no_plugins_elsewhere: None) -> None:
     builder = heapstate.configure(
         SparkSession.builder.master("local[1]"),
         compaction_interval=5,
@@ -66,10 +75,8 @@ def test_configure_sets_jar_provider_and_options() -> None:
 
 
 def test_configure_without_options_sets_jar_plugin_and_provider_only(
-    monkeypatch: pytest.MonkeyPatch,
+    no_plugins_elsewhere: None,
 ) -> None:
-    monkeypatch.delenv("SPARK_CONF_DIR", raising=False)
-    monkeypatch.delenv("SPARK_HOME", raising=False)
     builder = heapstate.configure(SparkSession.builder)
     assert builder_options(builder) == {
         "spark.jars": heapstate.jar_path(),
@@ -96,13 +103,16 @@ def test_configure_appends_to_jars_and_plugins_already_set_and_only_once() -> No
 
 
 def test_configure_keeps_the_plugins_of_spark_defaults(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    no_plugins_elsewhere: None,
 ) -> None:
     # The builder's spark.plugins replaces the one spark-defaults.conf gives; configure() lists
     # both, so that setting heapstate's plugin does not drop the user's.
     (tmp_path / "spark-defaults.conf").write_text(
-        "# a comment\nspark.plugins   com.example.APlugin,com.example.BPlugin\n"
-        "spark.executor.memory 2g\n"
+        "# a comment\n! spark.plugins com.example.Commented\nspark.plugins com.example.Old\n"
+        "spark.plugins:  com.example.APlugin,com.example.BPlugin\nspark.executor.memory 2g\n"
     )
     monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
     expected = "com.example.APlugin,com.example.BPlugin,heapstate.TaskActivityPlugin"
@@ -110,6 +120,29 @@ def test_configure_keeps_the_plugins_of_spark_defaults(
     assert builder_options(builder)["spark.plugins"] == expected
     assert heapstate.cli.main(["submit-args"]) == 0
     assert f"--conf spark.plugins={expected} " in capsys.readouterr().out
+
+
+def test_configure_keeps_the_plugins_of_pyspark_submit_args_over_spark_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_plugins_elsewhere: None
+) -> None:
+    (tmp_path / "spark-defaults.conf").write_text("spark.plugins com.example.FromDefaults\n")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    monkeypatch.setenv(
+        "PYSPARK_SUBMIT_ARGS",
+        "--conf spark.plugins=com.example.First --driver-memory 2g "
+        "--conf 'spark.plugins=com.example.C, com.example.D' pyspark-shell",
+    )
+    builder = heapstate.configure(SparkSession.builder)
+    assert builder_options(builder)["spark.plugins"] == (
+        "com.example.C,com.example.D,heapstate.TaskActivityPlugin"
+    )
+
+
+def test_a_running_jvm_is_asked_for_the_plugins_it_started_with(session: SparkSession) -> None:
+    # A session of this Python started already (the suite's, with configure()): the JVM's system
+    # properties hold what it was launched with, which a new session in it would start with.
+    assert heapstate._config._running_jvm_conf("spark.plugins") == "heapstate.TaskActivityPlugin"
+    assert heapstate._config._plugins_elsewhere() == "heapstate.TaskActivityPlugin"
 
 
 def test_configure_rejects_a_task_plugin_that_is_not_a_bool() -> None:
@@ -127,7 +160,7 @@ def test_the_suite_session_counts_its_tasks_with_heapstates_plugin(session: Spar
 
     engine = session.sparkContext._jvm.heapstate.engine.StateEngine
     assert heapstate.PLUGIN_CLASS in session.sparkContext.getConf().get("spark.plugins", "")
-    assert engine.tasksRunning() == 0
+    assert engine.taskCoresInUse() == 0
     seen: list[int] = []
     done = threading.Event()
 
@@ -140,13 +173,13 @@ def test_the_suite_session_counts_its_tasks_with_heapstates_plugin(session: Spar
     runner = threading.Thread(target=job)
     runner.start()
     while not done.is_set():
-        seen.append(engine.tasksRunning())
+        seen.append(engine.taskCoresInUse())
         time.sleep(0.02)
     runner.join()
     assert set(seen) <= {0, 1} and seen.count(1) >= 50, (
         f"a 3-second task, polled every 20 ms: {seen}"
     )
-    assert engine.tasksRunning() == 0
+    assert engine.taskCoresInUse() == 0
 
 
 def test_conf_entries_lists_provider_then_options() -> None:

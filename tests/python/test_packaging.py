@@ -7,6 +7,7 @@ work without it, and ``inspect`` with verification must say that it needs pyspar
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -21,8 +22,15 @@ PROVIDER_FLAG = "spark.sql.streaming.stateStore.providerClass=heapstate.HeapStat
 
 
 def run(*argv: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    # Without the machine's Spark confs: submit-args keeps the plugins of a spark-defaults.conf.
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_CONF_DIR", "SPARK_HOME")}
     return subprocess.run(
-        [str(a) for a in argv], check=False, capture_output=True, text=True, timeout=timeout
+        [str(a) for a in argv],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
     )
 
 

@@ -11,10 +11,10 @@ import org.scalatest.funsuite.AnyFunSuite
 import heapstate.engine.StateEngine
 
 object TaskActivityPluginSuite {
-  /** What each task saw of [[StateEngine.tasksRunning]] once every task of its job had started. */
+  /** What each task saw of [[StateEngine.taskCoresInUse]] once both tasks had started, a core each. */
   val Seen = new ConcurrentLinkedQueue[Integer]()
-  /** What each task saw of [[StateEngine.tasksBusy]] at the same time. */
-  val Busy = new ConcurrentLinkedQueue[java.lang.Boolean]()
+  /** What each task saw of [[StateEngine.busyWith]] for 2 and 3 cores, at the same time. */
+  val Busy = new ConcurrentLinkedQueue[(Boolean, Boolean)]()
   /** Counted down by each task as it starts; the tasks look at the count once all have. */
   @volatile var Started: CountDownLatch = _
   /** Counted down by each task once it has looked; no task ends before all have. */
@@ -22,9 +22,9 @@ object TaskActivityPluginSuite {
 }
 
 /**
- * [[TaskActivityPlugin]] on a real local Spark: every running task counts in
- * [[StateEngine.tasksRunning]] (and so makes [[StateEngine.tasksBusy]] true, for background
- * snapshots to wait for), whether or not it writes a store, and no task stays counted after it
+ * [[TaskActivityPlugin]] on a real local Spark: every running task counts its core in
+ * [[StateEngine.taskCoresInUse]], whether or not it writes a store, so that background snapshots
+ * wait once the tasks hold every core ([[StateEngine.busyWith]]); no task stays counted after it
  * ends, whether it succeeded or failed.
  */
 class TaskActivityPluginSuite extends AnyFunSuite with BeforeAndAfterAll {
@@ -53,8 +53,8 @@ class TaskActivityPluginSuite extends AnyFunSuite with BeforeAndAfterAll {
         if (!latch.await(60, TimeUnit.SECONDS)) throw new IllegalStateException(s"task $i: the other task never $what")
       Started.countDown()
       await(Started, "started")
-      Seen.add(StateEngine.tasksRunning)
-      Busy.add(StateEngine.tasksBusy)
+      Seen.add(StateEngine.taskCoresInUse)
+      Busy.add((StateEngine.busyWith(2), StateEngine.busyWith(3)))
       Looked.countDown()
       await(Looked, "looked")
       if (i == failOn) throw new IllegalStateException(s"the test fails task $i")
@@ -64,18 +64,18 @@ class TaskActivityPluginSuite extends AnyFunSuite with BeforeAndAfterAll {
   private def awaitNoneCounted(): Unit = {
     // A task's completion listener runs before Spark hears that it ended; allow a moment anyway.
     val deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10)
-    while (StateEngine.tasksRunning != 0 && System.nanoTime() < deadline) Thread.sleep(10)
-    assert(StateEngine.tasksRunning == 0, "tasks still counted after their job ended")
+    while (StateEngine.taskCoresInUse != 0 && System.nanoTime() < deadline) Thread.sleep(10)
+    assert(StateEngine.taskCoresInUse == 0, "tasks still counted after their job ended")
     assert(!StateEngine.tasksBusy, "busy with no task running, no store written and no commit")
   }
 
-  test("two tasks running at once, neither writing a store, count as two; none once the job ends") {
+  test("two tasks running at once, neither writing a store, hold two cores; none once the job ends") {
     Seen.clear(); Busy.clear()
+    assert(!StateEngine.busyWith(1), "busy with no task running, no store written and no commit")
     runTwoAtOnce(tasks = 2)
     assert(Seen.asScala.toList.map(_.intValue) == List(2, 2))
-    // Busy once tasks run on every core: on a machine of two cores, these two tasks are enough.
-    val everyCore = StateEngine.cores <= 2
-    assert(Busy.asScala.toList.map(_.booleanValue) == List(everyCore, everyCore), s"${StateEngine.cores} cores")
+    // Busy once the tasks hold every core: two tasks fill two cores, not three.
+    assert(Busy.asScala.toList == List((true, false), (true, false)))
     awaitNoneCounted()
   }
 

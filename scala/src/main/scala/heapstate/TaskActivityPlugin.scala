@@ -12,20 +12,21 @@ import heapstate.engine.StateEngine
  * `spark.plugins=heapstate.TaskActivityPlugin`; `heapstate.configure(builder)` and
  * `heapstate submit-args` do.
  *
- * Why: W1's first stage (a Parquet scan and a partial aggregation) writes no store, so a snapshot
- * ran beside it, and the snapshot thread was the largest single thread that task threads waited
- * behind for a core (stop 38, `perf` sched_switch).
+ * Why: a stage that writes no store (W1's Parquet scan and partial aggregation) still needs the
+ * cores, and without this plugin a snapshot ran beside it (README, stops 38 and 39).
  *
- * A task counts from the plugin's `onTaskStart` until its completion listeners run, which Spark
- * calls once per started task whether it succeeds, fails or is killed. Without the plugin nothing
- * changes: the count stays 0.
+ * A task counts, with the cores it holds (`spark.task.cpus`), from the plugin's `onTaskStart`
+ * until its completion listeners run, which Spark calls once per started task whether it
+ * succeeds, fails or is killed. Without the plugin nothing changes: the count stays 0.
  */
 class TaskActivityPlugin extends SparkPlugin {
   override def driverPlugin(): DriverPlugin = null
 
   override def executorPlugin(): ExecutorPlugin = new ExecutorPlugin {
+    // `cpus` is deprecated in Spark 4.3 for `cpuAmount`, which Spark 4.2 does not have.
+    @annotation.nowarn("cat=deprecation")
     override def onTaskStart(): Unit = Option(TaskContext.get()).foreach { task =>
-      val counted = StateEngine.taskRunning()
+      val counted = StateEngine.taskStarted(task.cpus())
       task.addTaskCompletionListener[Unit](_ => counted.close())
     }
   }

@@ -38,11 +38,10 @@ final case class EngineSettings(
  * first write that finds the tasks busy, rests for the work it did, and waits. So a snapshot runs
  * in between: while Spark's driver plans the next batch and writes its logs, and while stateless
  * stages leave a core free. With [[heapstate.TaskActivityPlugin]] registered, tasks that write no
- * store count too, once they run on every core: in W1 on two cores the snapshot thread was the
- * one the task threads most often waited behind for a core, during the scan stage, and the spike
- * target passed in 11 runs of 12 with the plugin against 7 of 12 without, alternating (stop 39;
- * 15 of 18 with six more, README). So that a JVM whose tasks are always busy still gets its
- * snapshots, the waiting is on a budget: it stops once the snapshot has spent
+ * store count too, once they hold every core: otherwise a snapshot runs beside a stateless stage
+ * that needs both cores, as W1's scan does (README, stop 39). So that a JVM whose tasks are
+ * always busy still gets its snapshots, the waiting is on a budget: it stops once the snapshot
+ * has spent
  * [[SnapshotPacer.MaxYieldShare]] of its wall time waiting, which makes it at most three times
  * slower than its duty cycle alone; a chunk past that budget runs to its MiB.
  *
@@ -146,37 +145,47 @@ object StateEngine {
    */
   def storesWriting: Int = writers.get
 
-  private val tasks = new java.util.concurrent.atomic.AtomicInteger()
-
-  /** How many Spark tasks run now in this JVM, as [[heapstate.TaskActivityPlugin]] counts them; 0 without it. */
-  def tasksRunning: Int = tasks.get
-
-  /** Counts one running task until [[Counted.close]] (see [[tasksRunning]]). */
-  def taskRunning(): Counted = new Counted(tasks)
+  private val taskCores = new java.util.concurrent.atomic.AtomicInteger()
 
   /**
-   * The cores of this JVM: with as many tasks running (see [[tasksRunning]]), a background
-   * snapshot waits, since it could only run on a core a task needs. With fewer, a core is free
-   * (Spark's own threads aside) and it runs, unless a store is written or committed. Waiting
-   * whenever any task ran gave W1's stores a fifth fewer snapshots, for the same spike pass rate
-   * (stop 39, README).
+   * The cores the tasks running now in this JVM hold (`spark.task.cpus` each), as
+   * [[heapstate.TaskActivityPlugin]] counts them; 0 without it.
+   */
+  def taskCoresInUse: Int = taskCores.get
+
+  /** Counts a task that started, holding `cores`, until [[Counted.close]] (see [[taskCoresInUse]]). */
+  def taskStarted(cores: Int): Counted = new Counted(taskCores, cores)
+
+  /**
+   * The cores of this JVM. While the tasks hold as many, a background snapshot waits: it could
+   * only run on a core a task needs. With fewer, a core is free (Spark's own threads aside) and it
+   * runs, unless a store is written or committed. Waiting whenever any task ran instead gave W1's
+   * stores fewer snapshots (README, stop 39). An executor whose task slots are fewer than this
+   * never fills them: its snapshots wait only for the stores written.
    */
   private[heapstate] val cores: Int = Runtime.getRuntime.availableProcessors
 
   /**
-   * Whether a background snapshot waits now: a task writes a store, a commit runs, or tasks run
-   * on every core.
+   * Whether a background snapshot waits now: a task writes a store, a commit runs, or the
+   * running tasks hold every core.
    */
-  def tasksBusy: Boolean = writers.get > 0 || running.get > 0 || tasks.get >= cores
+  def tasksBusy: Boolean = busyWith(cores)
+
+  /** [[tasksBusy]] for a JVM of `cores` cores. */
+  private[heapstate] def busyWith(cores: Int): Boolean =
+    writers.get > 0 || running.get > 0 || taskCores.get >= cores
 
   /** Counts one store written until [[Counted.close]] (see [[storesWriting]]). */
-  def writer(): Counted = new Counted(writers)
+  def writer(): Counted = new Counted(writers, 1)
 
-  /** One in a count of this object's, until `close`, which may be called any number of times. */
-  final class Counted private[StateEngine] (count: java.util.concurrent.atomic.AtomicInteger) {
+  /**
+   * `weight` added to one of StateEngine's counts (stores written, task cores held) until `close`,
+   * which takes it out once, however often it is called.
+   */
+  final class Counted private[StateEngine] (count: java.util.concurrent.atomic.AtomicInteger, weight: Int) {
     private val open = new java.util.concurrent.atomic.AtomicBoolean(true)
-    count.incrementAndGet()
-    def close(): Unit = if (open.compareAndSet(true, false)) count.decrementAndGet()
+    count.addAndGet(weight)
+    def close(): Unit = if (open.compareAndSet(true, false)) count.addAndGet(-weight)
   }
 
   /**

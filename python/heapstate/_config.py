@@ -254,8 +254,12 @@ def _running_jvm_conf(key: str) -> str | None:
         from pyspark import SparkConf, SparkContext
     except ImportError:
         return None
-    if SparkContext._jvm is None and not os.environ.get("PYSPARK_GATEWAY_PORT"):
-        return None
+    if SparkContext._jvm is None:
+        if not os.environ.get("PYSPARK_GATEWAY_PORT"):
+            return None
+        # Connects to spark-submit's JVM (the port says where), as the session would; SparkConf
+        # without a connection would read nothing of it.
+        SparkContext._ensure_initialized()
     return SparkConf().get(key, None)
 
 

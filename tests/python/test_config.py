@@ -565,3 +565,45 @@ def test_docstring_examples_run(
     )
     assert result.attempted > 0, f"{module.__name__} has no examples"
     assert result.failed == 0, f"{result.failed} example(s) of {module.__name__} failed"
+
+
+def test_configure_under_spark_submit_keeps_its_plugins(tmp_path: Path) -> None:
+    # Under spark-submit the JVM starts first, with --conf in its system properties; the builder's
+    # spark.plugins would replace them, so configure() asks that JVM. No session starts here.
+    import os
+    import subprocess
+    import sys
+
+    import pyspark
+
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import heapstate\n"
+        "from pyspark.sql import SparkSession\n"
+        "builder = heapstate.configure(SparkSession.builder)\n"
+        "print('plugins=' + builder._options['spark.plugins'])\n"
+    )
+    spark_submit = Path(pyspark.__file__).resolve().parent / "bin" / "spark-submit"
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("SPARK_CONF_DIR", "PYSPARK_SUBMIT_ARGS")
+    }
+    env["PYSPARK_PYTHON"] = env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    done = subprocess.run(
+        [
+            str(spark_submit),
+            "--master",
+            "local[1]",
+            "--conf",
+            "spark.plugins=com.example.Mine",
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "plugins=com.example.Mine,heapstate.TaskActivityPlugin" in done.stdout.splitlines(), (
+        done.stdout
+    )

@@ -113,6 +113,13 @@ class Source:
     batches: Sequence[Sequence[Mapping[str, Any]]]
 
 
+@pytest.fixture
+def no_spark_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ``spark-defaults.conf`` for heapstate to read plugins from: ``SPARK_CONF_DIR`` names a
+    folder that does not exist (unset, ``SPARK_HOME`` or pyspark's own ``conf`` would be read)."""
+    monkeypatch.setenv("SPARK_CONF_DIR", "/nonexistent/heapstate-test-conf")
+
+
 def write_input_file(directory: Path, index: int, rows: Sequence[Mapping[str, Any]]) -> Path:
     """Write batch ``index`` as one JSON-lines file whose modification time orders it.
 

@@ -89,10 +89,8 @@ def versions_of(names: dict[str, int], suffix: str) -> list[int]:
 
 
 def test_submit_args_prints_the_flags(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str], no_spark_defaults: None
 ) -> None:
-    monkeypatch.delenv("SPARK_CONF_DIR", raising=False)  # no spark-defaults.conf plugins to keep
-    monkeypatch.delenv("SPARK_HOME", raising=False)
     code, out, err = run_cli(capsys, "submit-args")
     assert (code, err) == (0, "")
     assert shlex.split(out) == [
@@ -114,10 +112,8 @@ def test_submit_args_prints_the_flags(
 
 
 def test_submit_args_passes_options(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str], no_spark_defaults: None
 ) -> None:
-    monkeypatch.delenv("SPARK_CONF_DIR", raising=False)
-    monkeypatch.delenv("SPARK_HOME", raising=False)
     code, out, _ = run_cli(
         capsys,
         "submit-args",

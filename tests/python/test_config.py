@@ -48,12 +48,11 @@ def builder_options(builder: Any) -> dict[str, str]:
 
 
 @pytest.fixture
-def no_plugins_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+def no_plugins_elsewhere(monkeypatch: pytest.MonkeyPatch, no_spark_defaults: None) -> None:
     """No ``spark.plugins`` anywhere but the builder: no running JVM to ask (the suite's own
     session is up), no ``PYSPARK_SUBMIT_ARGS``, and no ``spark-defaults.conf``."""
     monkeypatch.setattr(heapstate._config, "_running_jvm_conf", lambda key: None)
     monkeypatch.delenv("PYSPARK_SUBMIT_ARGS", raising=False)
-    monkeypatch.setenv("SPARK_CONF_DIR", "/nonexistent/heapstate-test-conf")
 
 
 def test_configure_sets_jar_provider_and_options(no_plugins_elsewhere: None) -> None:

@@ -4,6 +4,7 @@ import java.util.concurrent.{ConcurrentLinkedQueue, CountDownLatch, TimeUnit}
 
 import scala.jdk.CollectionConverters._
 
+import org.apache.spark.SparkConf
 import org.apache.spark.sql.SparkSession
 import org.scalatest.BeforeAndAfterAll
 import org.scalatest.funsuite.AnyFunSuite
@@ -25,7 +26,8 @@ object TaskActivityPluginSuite {
  * [[TaskActivityPlugin]] on a real local Spark: every running task counts its core in
  * [[StateEngine.taskCoresInUse]], whether or not it writes a store, so that background snapshots
  * wait once the tasks hold every core ([[StateEngine.busyWith]]); no task stays counted after it
- * ends, whether it succeeded or failed.
+ * ends, whether it succeeded or failed. The plugin tells the engine its executor's cores while
+ * the session runs, and stops counting once it stops.
  */
 class TaskActivityPluginSuite extends AnyFunSuite with BeforeAndAfterAll {
   import TaskActivityPluginSuite._
@@ -42,6 +44,8 @@ class TaskActivityPluginSuite extends AnyFunSuite with BeforeAndAfterAll {
   }
 
   override def afterAll(): Unit = if (spark != null) spark.stop()
+
+  private val processors = Runtime.getRuntime.availableProcessors
 
   /** Runs a job of `tasks` tasks on two cores: the first two look at the counts while both run. */
   private def runTwoAtOnce(tasks: Int, failOn: Int = -1): Unit = {
@@ -85,5 +89,34 @@ class TaskActivityPluginSuite extends AnyFunSuite with BeforeAndAfterAll {
     assert(Iterator.iterate(failed: Throwable)(_.getCause).takeWhile(_ != null)
       .exists(e => String.valueOf(e.getMessage).contains("the test fails task 1")), failed)
     awaitNoneCounted()
+  }
+
+  test("an executor's cores: a local JVM's processors; elsewhere spark.executor.cores when fewer") {
+    def cores(processors: Int, settings: (String, String)*): Int =
+      TaskActivityPlugin.executorCores(new SparkConf(false).setAll(settings), processors)
+    for (master <- Seq("local", "local[2]", "local[*]", "local[1,3]", "local[*,2]"))
+      assert(cores(8, "spark.master" -> master, "spark.executor.cores" -> "1") == 8, master)
+    assert(cores(32, "spark.master" -> "spark://host:7077", "spark.executor.cores" -> "4") == 4)
+    assert(cores(32, "spark.master" -> "yarn", "spark.executor.cores" -> " 6 ") == 6)
+    assert(cores(2, "spark.master" -> "yarn", "spark.executor.cores" -> "8") == 2) // capped by the JVM's
+    assert(cores(16, "spark.master" -> "local-cluster[2,3,1024]", "spark.executor.cores" -> "3") == 3)
+    assert(cores(16, "spark.master" -> "spark://host:7077") == 16) // unset: the worker's every core
+    assert(cores(16, "spark.master" -> "k8s://https://api", "spark.executor.cores" -> "0") == 16)
+    assert(cores(16, "spark.master" -> "yarn", "spark.executor.cores" -> "four") == 16)
+  }
+
+  test("while the session runs, the plugin counts this JVM's tasks, on its processors, and no warning is due") {
+    assert(StateEngine.taskPluginActive)
+    assert(StateEngine.cores == processors) // local[2]: the JVM's processors, whatever the machine
+    assert(TaskActivityPlugin.missingWarning.isEmpty)
+  }
+
+  test("once the session stops, the plugin no longer counts, and a store would warn that it is missing") {
+    spark.stop()
+    spark = null
+    assert(!StateEngine.taskPluginActive)
+    assert(StateEngine.cores == processors)
+    val warning = TaskActivityPlugin.missingWarning.getOrElse(fail("no warning without the plugin"))
+    assert(warning.contains("heapstate.TaskActivityPlugin") && warning.contains("spark.plugins"), warning)
   }
 }

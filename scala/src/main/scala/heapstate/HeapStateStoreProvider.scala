@@ -87,6 +87,9 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       minVersionsToRetain = storeConfs.minVersionsToRetain,
       snapshotBucketBytes = conf.snapshotBucketBytes)
     engine = new StateEngine(files, settings, prefixOf)
+    if (!NoTaskPluginWarned.get) TaskActivityPlugin.missingWarning.foreach { message =>
+      if (NoTaskPluginWarned.compareAndSet(false, true)) log.warn(message)
+    }
   }
 
   override def stateStoreId: StateStoreId = storeId
@@ -484,6 +487,9 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
 
 object HeapStateStoreProvider {
   private val log = LoggerFactory.getLogger(classOf[HeapStateStoreProvider])
+
+  /** Set once a store of this JVM logged [[TaskActivityPlugin.missingWarning]]. */
+  private val NoTaskPluginWarned = new java.util.concurrent.atomic.AtomicBoolean()
 
   /** The one daemon thread that writes snapshots commits have made due, for every store in the JVM. */
   private lazy val SnapshotThread: java.util.concurrent.Executor =

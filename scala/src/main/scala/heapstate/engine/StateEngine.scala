@@ -156,18 +156,38 @@ object StateEngine {
   /** Counts a task that started, holding `cores`, until [[Counted.close]] (see [[taskCoresInUse]]). */
   def taskStarted(cores: Int): Counted = new Counted(taskCores, cores)
 
+  /** This JVM's processors (`availableProcessors`, which a container's CPU limit caps). */
+  private val processors: Int = Runtime.getRuntime.availableProcessors
+
+  /** The executor's cores as [[heapstate.TaskActivityPlugin]] found them when it started; 0 without it. */
+  @volatile private var pluginCores = 0
+
+  /** Called by [[heapstate.TaskActivityPlugin]] as its executor starts, with the executor's cores. */
+  private[heapstate] def taskPluginStarted(executorCores: Int): Unit = pluginCores = math.max(executorCores, 1)
+
+  /** Called by [[heapstate.TaskActivityPlugin]] as its executor stops. */
+  private[heapstate] def taskPluginStopped(): Unit = pluginCores = 0
+
+  /** Whether [[heapstate.TaskActivityPlugin]] counts this JVM's tasks (see [[taskCoresInUse]]). */
+  def taskPluginActive: Boolean = pluginCores > 0
+
   /**
-   * The cores of this JVM. While the tasks hold as many, a background snapshot waits: it could
-   * only run on a core a task needs. With fewer, a core is free (Spark's own threads aside) and it
-   * runs, unless a store is written or committed. Waiting whenever any task ran instead gave W1's
-   * stores fewer snapshots (README, stop 39). An executor whose task slots are fewer than this
-   * never fills them: its snapshots wait only for the stores written.
+   * The cores the running tasks must hold for a background snapshot to wait: then it could only
+   * run on a core a task needs. With fewer held, a core is free (Spark's own threads aside) and
+   * it runs, unless a store is written or committed. Waiting whenever any task ran instead gave
+   * W1's stores fewer snapshots (README, stop 39).
+   *
+   * It is the JVM's processors, or the executor's cores when [[heapstate.TaskActivityPlugin]]
+   * found fewer (`spark.executor.cores`: an executor that shares a node with others, whose
+   * tasks use the other processors). A `local[N]` JVM has the machine to itself: with fewer task
+   * slots than processors, its tasks never hold every processor, and a snapshot runs on one of
+   * the others.
    */
-  private[heapstate] val cores: Int = Runtime.getRuntime.availableProcessors
+  private[heapstate] def cores: Int = if (pluginCores > 0) math.min(pluginCores, processors) else processors
 
   /**
    * Whether a background snapshot waits now: a task writes a store, a commit runs, or the
-   * running tasks hold every core.
+   * running tasks hold every core ([[cores]]).
    */
   def tasksBusy: Boolean = busyWith(cores)
 

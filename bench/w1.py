@@ -88,15 +88,17 @@ SCRIPT = Path(__file__).resolve()
 STEADY_FROM = 2
 """Trigger and commit figures are taken over batches with this id and later: batch 0 loads every
 key and batch 1 is the first to update them (class loading, JIT, first delta)."""
-RUN_WARMUP = 30
+RUN_WARMUP = 90
 """Batches of the same query and provider that a fresh worker JVM runs on a scratch checkpoint
 before a measured run (``--warmup-batches``). Without them the JIT compiler is still busy
 through the measured batches, compiling Spark's own per-batch code (planning, mostly). In a
 heapstate W5 run at K=4M on a 2-core machine (``perf sched``, 26 November), the compiler threads
 took 3.05 of the 10 CPU-seconds of 5 s of batches 1 to 11, more than the task threads' 1.97, and
 were what preempted those most (615 times, 488 ms of waiting). After 30 warm-up batches (10 to
-15 s): 1.59 of 8 CPU-seconds in 4 s, and 145 ms of waiting. Every provider gets the same
-warm-up."""
+15 s): 1.59 of 8 CPU-seconds in 4 s, and 145 ms of waiting. 30 were still not enough: in twelve
+alternating pairs of heapstate W1 runs (stop 40), 90 warm-up batches gave a lower median trigger
+than 30 in every pair (355 against 400 ms, the means), and JFR still counted 3.6 s of JIT
+compilation in batches 10 to 29 after 30. Every provider gets the same warm-up."""
 PRETOUCH = "-XX:+AlwaysPreTouch"
 """The JVM option of ``--pretouch``: the JVM writes each page of heap when it commits it, not
 when the program first uses it, so the kernel's first-touch page faults land when the heap grows

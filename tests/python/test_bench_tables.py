@@ -286,14 +286,14 @@ def test_w1_heading_names_the_warmup() -> None:
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["--size", "full"], 30),
+        (["--size", "full"], 90),
         (["--size", "small"], 0),
         (["--size", "full", "--jvm", "shared", "--restart", "none"], 0),
         (["--size", "full", "--warmup-batches", "5"], 5),
         (["--size", "small", "--warmup-batches", "5"], 5),
     ],
 )
-def test_warmup_batches_default_to_30_in_a_jvm_per_provider(argv: list[str], expected: int) -> None:
+def test_warmup_batches_default_to_90_in_a_jvm_per_provider(argv: list[str], expected: int) -> None:
     import w1
     import w5
 

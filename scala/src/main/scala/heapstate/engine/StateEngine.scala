@@ -41,9 +41,8 @@ final case class EngineSettings(
  * store count too, once they hold every core: otherwise a snapshot runs beside a stateless stage
  * that needs both cores, as W1's scan does (README, stop 39). So that a JVM whose tasks are
  * always busy still gets its snapshots, the waiting is on a budget: it stops once the snapshot
- * has spent
- * [[SnapshotPacer.MaxYieldShare]] of its wall time waiting, which makes it at most three times
- * slower than its duty cycle alone; a chunk past that budget runs to its MiB.
+ * has spent [[SnapshotPacer.MaxYieldShare]] of its wall time waiting, which makes it at most
+ * three times slower than its duty cycle alone; a chunk past that budget runs to its MiB.
  *
  * The undo log keeps what the snapshot still needs for as long as it runs. A paced snapshot gives
  * up at its next pause when a roll-back, reload or close waits for it: none of them should wait
@@ -159,7 +158,10 @@ object StateEngine {
   /** This JVM's processors (`availableProcessors`, which a container's CPU limit caps). */
   private val processors: Int = Runtime.getRuntime.availableProcessors
 
-  /** The executor's cores as [[heapstate.TaskActivityPlugin]] found them when it started; 0 without it. */
+  /**
+   * The executor's cores as [[heapstate.TaskActivityPlugin]] found them when it started, already
+   * at most [[processors]] (`TaskActivityPlugin.executorCores`); 0 without it.
+   */
   @volatile private var pluginCores = 0
 
   /** Called by [[heapstate.TaskActivityPlugin]] as its executor starts, with the executor's cores. */
@@ -183,7 +185,7 @@ object StateEngine {
    * slots than processors, its tasks never hold every processor, and a snapshot runs on one of
    * the others.
    */
-  private[heapstate] def cores: Int = if (pluginCores > 0) math.min(pluginCores, processors) else processors
+  private[heapstate] def cores: Int = if (pluginCores > 0) pluginCores else processors
 
   /**
    * Whether a background snapshot waits now: a task writes a store, a commit runs, or the

@@ -1,14 +1,7 @@
 package heapstate
 
 import java.io.{File, RandomAccessFile}
-import java.util.concurrent.ConcurrentLinkedQueue
 
-import scala.jdk.CollectionConverters._
-
-import org.apache.logging.log4j.LogManager
-import org.apache.logging.log4j.core.{LogEvent, Logger}
-import org.apache.logging.log4j.core.appender.AbstractAppender
-import org.apache.logging.log4j.core.config.Property
 import org.scalatest.funsuite.AnyFunSuite
 
 import heapstate.StoreFixture._
@@ -87,19 +80,6 @@ class CorruptionSuite extends AnyFunSuite {
   private def load(root: String, version: Long): Map[Long, Long] =
     contents(provider(root, Interval, minVersionsToRetain = Retain).getReadStore(version, None))
 
-  /** The engine's log lines while `body` runs. */
-  private def logged[T](body: => T): (T, Seq[String]) = {
-    val logger = LogManager.getLogger(classOf[StateEngine]).asInstanceOf[Logger]
-    val lines = new ConcurrentLinkedQueue[String]()
-    val appender = new AbstractAppender("corruption-suite", null, null, true, Property.EMPTY_ARRAY) {
-      override def append(event: LogEvent): Unit = lines.add(event.getMessage.getFormattedMessage)
-    }
-    appender.start()
-    logger.addAppender(appender)
-    try { val out = body; (out, lines.asScala.toSeq) }
-    finally { logger.removeAppender(appender); appender.stop() }
-  }
-
   private def failure(root: String, version: Long): StateFileException =
     intercept[StateFileException](load(root, version))
 
@@ -108,11 +88,11 @@ class CorruptionSuite extends AnyFunSuite {
       for (trial <- 0 until (if (damage == Delete) 1 else Trials)) {
         val root = checkpoint()
         damage(new File(storeDir(root), "10.hs-snapshot"), trial)
-        val (state, lines) = logged(load(root, Versions))
+        val (state, lines) = logged(classOf[StateEngine])(load(root, Versions))
         assert(state == model(Versions), s"trial $trial")
         assert(load(root, 11) == model(11))
         if (damage != Delete) {
-          assert(lines.exists(l => l.contains("10.hs-snapshot") && l.contains("damaged")), lines)
+          assert(lines.exists { case (_, l) => l.contains("10.hs-snapshot") && l.contains("damaged") }, lines)
         }
       }
     }

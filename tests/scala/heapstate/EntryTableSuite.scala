@@ -502,6 +502,88 @@ class EntryTableSuite extends AnyFunSuite {
     assert(contents(t) == Map(1 -> 1L, 3 -> 3L, 4 -> 40L))
   }
 
+  test("a key removed and put back beside an iterator is met once, though another key took its chain meanwhile") {
+    // The interleaving stop 40's CI caught: the iterator passes key 1 in its slot; the writer
+    // removes key 1, puts key 2 (same chain), then puts key 1 back. Had key 2 taken key 1's old
+    // slot, key 1 would land in the next one, ahead of the iterator, and be met twice.
+    val t = new EntryTable() // 32 slots
+    val hash = 5
+    t.put(entry(1, 1L), hash) // slot 5
+    val k1 = Entry.key(entry(1, 1L))
+    val seen = mutable.ArrayBuffer.empty[(Int, Long)]
+    t.foreach { (b, at) =>
+      seen += keyOf(b, at) -> valueOf(b, at)
+      if (seen.size == 1) { // the writer's changes, made while this reader is registered
+        assert(t.remove(k1, Platform.BYTE_ARRAY_OFFSET, k1.length, hash) > 0)
+        assert(t.put(entry(2, 2L), hash) == -1)
+        assert(t.put(entry(1, 10L), hash) == -1)
+        assert(t.compact() == 0 && t.vacatedSlots == 1, "a vacated slot settled while a reader was registered")
+      }
+    }
+    assert(seen == Seq(1 -> 1L, 2 -> 2L))
+    assert(contents(t) == Map(1 -> 10L, 2 -> 2L))
+    t.checkAccounts()
+    t.compact() // no reader now: the list of vacated slots is settled
+    assert(t.vacatedSlots == 0)
+    // With no reader, the removed slot settles after a commit's compact() and any key may take it.
+    assert(t.remove(k1, Platform.BYTE_ARRAY_OFFSET, k1.length, hash) > 0 && t.vacatedSlots == 1)
+    t.compact()
+    assert(t.vacatedSlots == 0)
+    assert(t.put(entry(3, 3L), hash) == -1) // takes slot 5, ahead of key 2 in slot 6
+    val order = mutable.ArrayBuffer.empty[Int]
+    t.foreach((b, at) => order += keyOf(b, at))
+    assert(order == Seq(3, 2))
+    t.checkAccounts()
+  }
+
+  test("iterators beside a writer that removes a key, lets another key of its chain in and puts it back meet each key once") {
+    // The interleaving of the test above, made often: the writer removes a key, puts a key that
+    // hashes to the same slot (its intruder), puts the first key back, removes the intruder, and
+    // removes and puts the first key once more, over and over, while readers iterate. 500 keys in 1,024 slots, never more than 501: a resize
+    // rehashes into as many slots, and the intruders keep colliding.
+    val t = new EntryTable(512)
+    val capacity = t.capacity
+    val mask = capacity - 1
+    def home(k: Int) = Entry.keyHash(entry(k, 0L)) & mask
+    val movers = 0 until 100
+    val stable = 100 until 500
+    val intruder = {
+      val candidates = Iterator.from(1000000)
+      movers.map(k => candidates.find(c => home(c) == home(k)).get).toArray
+    }
+    (movers ++ stable).foreach { k => val e = entry(k, k.toLong); t.put(e, Entry.keyHash(e)) }
+    val stop = new AtomicBoolean(false)
+    val cycles = new java.util.concurrent.atomic.AtomicLong
+    val writer = new Thread(() => {
+      val rnd = new scala.util.Random(5)
+      def put(k: Int): Unit = { val e = entry(k, k.toLong); t.put(e, Entry.keyHash(e)) }
+      def remove(k: Int): Unit = { val kb = keyBytes(k); t.remove(kb, Platform.BYTE_ARRAY_OFFSET, kb.length, Key(kb).hashCode) }
+      while (!stop.get()) {
+        val m = rnd.nextInt(movers.size)
+        remove(movers(m)); put(intruder(m)); put(movers(m)); remove(intruder(m))
+        remove(movers(m)); put(movers(m)) // back to the lowest slot it may take, so that the next cycle can move it again
+        if (cycles.incrementAndGet() % 64 == 0) t.compact() // settles the vacated slots when no reader is registered
+      }
+    })
+    writer.start()
+    try {
+      for (_ <- 0 until 20000) {
+        val seen = mutable.Map.empty[Int, Long]
+        t.foreach { (b, at) =>
+          val k = keyOf(b, at)
+          val twice = seen.contains(k) // not in the assertion: its message would print every key seen
+          assert(!twice, s"key $k seen twice")
+          seen(k) = valueOf(b, at)
+        }
+        stable.foreach(k => assert(seen.get(k).contains(k.toLong), s"stable key $k"))
+        seen.foreach { case (k, v) => assert(v == k.toLong, s"key $k has foreign value $v") }
+      }
+    } finally { stop.set(true); writer.join() }
+    assert(cycles.get > 10000, s"the writer ran ${cycles.get} cycles only")
+    assert(t.capacity == capacity)
+    t.checkAccounts()
+  }
+
   test("an iterator running beside the writer sees each key once, with a value it had, while compaction moves entries") {
     val t = new EntryTable()
     val stable = 0 until 20000 // never changed while iterating: must all be seen, unchanged

@@ -1,8 +1,15 @@
 package heapstate
 
 import java.nio.file.Files
+import java.util.concurrent.ConcurrentLinkedQueue
+
+import scala.jdk.CollectionConverters._
 
 import org.apache.hadoop.conf.Configuration
+import org.apache.logging.log4j.LogManager
+import org.apache.logging.log4j.core.{LogEvent, Logger}
+import org.apache.logging.log4j.core.appender.AbstractAppender
+import org.apache.logging.log4j.core.config.Property
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{UnsafeProjection, UnsafeRow}
 import org.apache.spark.sql.execution.streaming.state._
@@ -72,4 +79,17 @@ object StoreFixture {
   def remove(store: StateStore, k: Long): Unit = store.remove(row(k), StateStore.DEFAULT_COL_FAMILY_NAME)
 
   def storeDir(root: String, partition: Int = 0): java.io.File = new java.io.File(s"$root/0/$partition")
+
+  /** What the logger of class `of` logs while `body` runs: each line's level and message. */
+  def logged[T](of: Class[_])(body: => T): (T, Seq[(String, String)]) = {
+    val logger = LogManager.getLogger(of).asInstanceOf[Logger]
+    val lines = new ConcurrentLinkedQueue[(String, String)]()
+    val appender = new AbstractAppender(s"heapstate-test-${of.getSimpleName}", null, null, true, Property.EMPTY_ARRAY) {
+      override def append(event: LogEvent): Unit = lines.add(event.getLevel.name -> event.getMessage.getFormattedMessage)
+    }
+    appender.start()
+    logger.addAppender(appender)
+    try { val out = body; (out, lines.asScala.toSeq) }
+    finally { logger.removeAppender(appender); appender.stop() }
+  }
 }

@@ -105,10 +105,21 @@ class TaskActivityPluginSuite extends AnyFunSuite with BeforeAndAfterAll {
     assert(cores(16, "spark.master" -> "yarn", "spark.executor.cores" -> "four") == 16)
   }
 
+  /** The warnings that opening `stores` providers, one after another, logs (none logged before, in this JVM). */
+  private def warningsOpening(stores: Int): Seq[String] = {
+    HeapStateStoreProvider.NoTaskPluginWarned.set(false) // another suite's stores may have warned
+    val root = StoreFixture.tempDir()
+    val (_, lines) = StoreFixture.logged(classOf[HeapStateStoreProvider]) {
+      (0 until stores).foreach(p => StoreFixture.provider(root, partition = p).close())
+    }
+    lines.collect { case ("WARN", message) => message }
+  }
+
   test("while the session runs, the plugin counts this JVM's tasks, on its processors, and no warning is due") {
     assert(StateEngine.taskPluginActive)
     assert(StateEngine.cores == processors) // local[2]: the JVM's processors, whatever the machine
     assert(TaskActivityPlugin.missingWarning.isEmpty)
+    assert(warningsOpening(2).isEmpty)
   }
 
   test("once the session stops, the plugin no longer counts, and a store would warn that it is missing") {
@@ -118,5 +129,7 @@ class TaskActivityPluginSuite extends AnyFunSuite with BeforeAndAfterAll {
     assert(StateEngine.cores == processors)
     val warning = TaskActivityPlugin.missingWarning.getOrElse(fail("no warning without the plugin"))
     assert(warning.contains("heapstate.TaskActivityPlugin") && warning.contains("spark.plugins"), warning)
+    // The first store opened logs it, once for the JVM.
+    assert(warningsOpening(3) == Seq(warning))
   }
 }

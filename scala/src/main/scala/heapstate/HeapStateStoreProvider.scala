@@ -488,8 +488,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
 object HeapStateStoreProvider {
   private val log = LoggerFactory.getLogger(classOf[HeapStateStoreProvider])
 
-  /** Set once a store of this JVM logged [[TaskActivityPlugin.missingWarning]]. */
-  private val NoTaskPluginWarned = new java.util.concurrent.atomic.AtomicBoolean()
+  /** Set once a store of this JVM logged [[TaskActivityPlugin.missingWarning]] (tests reset it). */
+  private[heapstate] val NoTaskPluginWarned = new java.util.concurrent.atomic.AtomicBoolean()
 
   /** The one daemon thread that writes snapshots commits have made due, for every store in the JVM. */
   private lazy val SnapshotThread: java.util.concurrent.Executor =

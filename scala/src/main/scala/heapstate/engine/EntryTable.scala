@@ -8,7 +8,7 @@ import org.apache.spark.unsafe.array.ByteArrayMethods
 /**
  * The live state's storage: the entries (see [[Entry]]) packed one after another into large byte
  * arrays, the pages, and an open-addressing hash table (linear probing) of one `long` per slot
- * that holds an entry's page, its offset in the page and 22 bits of its key's hash.
+ * that holds an entry's page, its offset in the page and 21 bits of its key's hash.
  *
  * There is no object per key. A million keys are a few hundred pages and one slot array, so a
  * garbage collector's marking visits a few hundred objects where an array per key made it visit a
@@ -55,10 +55,16 @@ import org.apache.spark.unsafe.array.ByteArrayMethods
  * a torn or foreign entry, and no key twice. That holds because:
  *  - a slot is one `long` (written whole on the 64-bit JVMs Spark runs on), written after a
  *    release fence that follows the bytes it points to, and read before an acquire fence;
- *  - a removal leaves the [[EntryTable.Deleted]] marker in its slot, so no entry ever moves to
- *    another slot of the same array (backward-shift deletion would, and an iterator could miss it);
- *  - a key put back after a removal takes the lowest-indexed removed slot of its chain, at or
- *    below its old one, so an iterator that saw it in its old slot does not meet it again;
+ *  - a removal leaves a marker in its slot, so no entry ever moves to another slot of the same
+ *    array (backward-shift deletion would, and an iterator could miss it);
+ *  - the marker is first a vacated one, which keeps the removed entry's address: only that key
+ *    may take the slot back. A key put back after a removal takes the lowest-indexed slot of its
+ *    chain that it may take: its own vacated slot, or a lower one. So it lands at or below its old
+ *    slot, and an iterator that saw it there does not meet it again. (Were another key to take
+ *    the old slot, the key put back would land further on, where the iterator meets it twice.)
+ *    The writer turns vacated markers into plain [[EntryTable.Deleted]] ones, which any key may
+ *    take, only while no reader is registered, and always before it drops a page, so a vacated
+ *    marker's address always points to the removed entry's bytes;
  *  - a resize builds a new slot array and publishes it through a volatile field; an iterator keeps
  *    the array it started with, which the writer no longer changes;
  *  - a page is dropped from the directory (and its index reused) only while no reader is
@@ -70,11 +76,17 @@ import org.apache.spark.unsafe.array.ByteArrayMethods
 final class EntryTable(expectedKeys: Int = 16) {
   import EntryTable._
 
-  /** Slots: [[Empty]], [[Deleted]], or a hash fragment and an address. Replaced whole on resize. */
+  /**
+   * Slots: [[Empty]], [[Deleted]], an entry (a hash fragment and an address), or a vacated entry
+   * (an entry's slot value with [[Vacated]] set: see the class comment). Replaced whole on resize.
+   */
   @volatile private var slots: Array[Long] = new Array(capacityFor(expectedKeys))
   private var live = 0
-  /** Slots holding an entry or [[Deleted]]; probing ends only at an empty slot. */
+  /** Slots holding an entry or a marker; probing ends only at an empty slot. */
   private var used = 0
+  /** The slots vacated since the last [[settleVacated]] (some may hold an entry again since). */
+  private var vacated = new Array[Int](64)
+  private var vacatedCount = 0
   /** Counts the replacements of the slot array; see [[stamp]]. */
   private var generation = 0
 
@@ -240,7 +252,7 @@ final class EntryTable(expectedKeys: Int = 16) {
     val ss = slots
     stamp == generation && slot >= 0 && slot < ss.length && expected != NoEntry && {
       val s = ss(slot)
-      s != Empty && s != Deleted && (s & AddressMask) == expected
+      holdsEntry(s) && (s & AddressMask) == expected
     }
   }
 
@@ -289,18 +301,13 @@ final class EntryTable(expectedKeys: Int = 16) {
     var free = -1
     var s = ss(i)
     while (s != Empty) {
-      // Any removed slot of the chain will do; the lowest-indexed one keeps a key put back after
-      // a removal from landing past its old slot, where an iterator that saw it there would see
-      // it again (a chain that wraps past the array's end has its first slots at its high end).
-      if (s == Deleted) { if (free < 0 || i < free) free = i }
-      else if ((s >>> AddressBits) == tag && holdsKey(pages, s, src, Platform.BYTE_ARRAY_OFFSET + keyAt, keyLength)) {
-        val old = s & AddressMask
-        val length = lengthAt(old)
-        val moved = appendParts(src, keyAt, keyLength, valueAt, valueLength)
-        setSlot(ss, i, (tag << AddressBits) | moved)
-        release(old, length)
-        return length
-      }
+      // Any Deleted slot of the chain will do, and a slot this key was removed from; the
+      // lowest-indexed one keeps a key put back after a removal from landing past its old slot,
+      // where an iterator that saw it there would see it again (a chain that wraps past the
+      // array's end has its first slots at its high end). Another key's vacated slot will not do.
+      if (s <= Deleted) { if ((s == Deleted || vacatedBy(s, tag, src, keyAt, keyLength)) && (free < 0 || i < free)) free = i }
+      else if ((s >>> AddressBits) == tag && holdsKey(pages, s, src, Platform.BYTE_ARRAY_OFFSET + keyAt, keyLength))
+        return replaceIn(ss, i, src, keyAt, keyLength, valueAt, valueLength)
       i = (i + 1) & mask
       s = ss(i)
     }
@@ -311,6 +318,27 @@ final class EntryTable(expectedKeys: Int = 16) {
     -1
   }
 
+  /** [[put]]'s update of the key in `ss(i)`: appends the new entry, points the slot to it, and returns the old one's length. */
+  private def replaceIn(ss: Array[Long], i: Int, src: Array[Byte], keyAt: Int, keyLength: Int, valueAt: Int, valueLength: Int): Int = {
+    val s = ss(i)
+    val old = s & AddressMask
+    val length = lengthAt(old)
+    val moved = appendParts(src, keyAt, keyLength, valueAt, valueLength)
+    setSlot(ss, i, (s & ~AddressMask) | moved)
+    release(old, length)
+    length
+  }
+
+  /**
+   * Whether the vacated slot value `s` held the entry of the key `keyLength` bytes at `keyAt` of
+   * `src` (with hash tag `tag`): the one key that may take it back before it settles. Its address
+   * still holds the removed entry (see the class comment). This and [[replaceIn]] are apart from
+   * [[put]] so that the JIT still inlines it into its callers: its bytecode stays under HotSpot's
+   * 325-byte limit for hot methods (with both inside it was 370 bytes; before vacated slots, 300).
+   */
+  private def vacatedBy(s: Long, tag: Long, src: Array[Byte], keyAt: Int, keyLength: Int): Boolean =
+    (s >>> AddressBits) == (tag | VacatedTag) && holdsKey(pages, s, src, Platform.BYTE_ARRAY_OFFSET + keyAt, keyLength)
+
   /** Removes the entry of the key `length` bytes at `base`/`offset`; returns its length in bytes, or -1. */
   def remove(base: AnyRef, offset: Long, length: Int, hash: Int): Int = {
     val ss = slots
@@ -319,11 +347,22 @@ final class EntryTable(expectedKeys: Int = 16) {
     else {
       val old = ss(i) & AddressMask
       val entryLength = lengthAt(old)
-      setSlot(ss, i, Deleted)
+      vacate(ss, i)
       live -= 1
       release(old, entryLength)
       entryLength
     }
+  }
+
+  /** Marks `ss(i)` vacated and lists it for [[settleVacated]]. */
+  private def vacate(ss: Array[Long], i: Int): Unit = {
+    if (vacatedCount == vacated.length) {
+      synchronized { if (readers == 0) settleVacated() }
+      if (vacatedCount == vacated.length) vacated = java.util.Arrays.copyOf(vacated, vacatedCount * 2)
+    }
+    vacated(vacatedCount) = i
+    vacatedCount += 1
+    setSlot(ss, i, ss(i) | Vacated)
   }
 
   def remove(key: Key): Int = remove(key.bytes, Platform.BYTE_ARRAY_OFFSET, key.bytes.length, key.hashCode)
@@ -332,7 +371,7 @@ final class EntryTable(expectedKeys: Int = 16) {
   def clear(): Unit = {
     live = 0; used = 0
     pageUsed = new Array(16); pageLive = new Array(16); pageEpoch = new Array(16); pageCount = 0; freeCount = 0
-    retiredCount = 0; holeCount = 0; dropHoleLists()
+    retiredCount = 0; holeCount = 0; dropHoleLists(); vacatedCount = 0
     current = -1; holePage = -1; liveBytes = 0; usedBytes = 0; heldBytes = 0; appendedSinceCompaction = 0
     generation += 1
     pages = new Array(16)
@@ -355,7 +394,7 @@ final class EntryTable(expectedKeys: Int = 16) {
       while (i < ss.length) {
         val s = ss(i)
         VarHandle.acquireFence() // the entry's bytes are read after the slot that points to them
-        if (s != Empty && s != Deleted) f(pages(pageIndex(s)), offsetOf(s))
+        if (holdsEntry(s)) f(pages(pageIndex(s)), offsetOf(s))
         i += 1
       }
     } finally synchronized { readers -= 1 }
@@ -371,7 +410,7 @@ final class EntryTable(expectedKeys: Int = 16) {
     private var i = -1
     private def advance(): Unit = {
       i += 1
-      while (i < ss.length && (ss(i) == Empty || ss(i) == Deleted)) i += 1
+      while (i < ss.length && !holdsEntry(ss(i))) i += 1
     }
     advance()
     override def hasNext: Boolean = i < ss.length
@@ -387,9 +426,9 @@ final class EntryTable(expectedKeys: Int = 16) {
   /** Heap held by the table: its pages (live entries, garbage and free room), slots and directory. */
   def heapBytes: Long = heldBytes + bookkeepingBytes(pages)
 
-  /** The slot array, directory `ps` and its per-page counts, and the free and retired index lists. */
+  /** The slot array, directory `ps` and its per-page counts, and the free, retired and vacated index lists. */
   private def bookkeepingBytes(ps: Array[Array[Byte]]): Long =
-    16L + 8L * slots.length + 4 * (16L + 4L * ps.length) + 4L * (freeIndices.length + retired.length) +
+    16L + 8L * slots.length + 4 * (16L + 4L * ps.length) + 4L * (freeIndices.length + retired.length + vacated.length) +
       (4L * 3 + 8L * 2) * holeFrom.length
 
   /** [[heapBytes]] counted afresh from the directory; tests hold the one to the other. Writer's thread only. */
@@ -411,12 +450,14 @@ final class EntryTable(expectedKeys: Int = 16) {
   private[heapstate] def checkAccounts(): Unit = {
     val counted = new Array[Long](pageCount)
     var total = 0L
-    var n = 0
+    var n, inUse = 0
     val ss = slots
     var i = 0
     while (i < ss.length) {
       val s = ss(i)
-      if (s != Empty && s != Deleted) {
+      if (s != Empty) inUse += 1
+      if (s < 0) require(pages(pageIndex(s)) != null, s"vacated slot $i points into dropped page ${pageIndex(s)}")
+      if (holdsEntry(s)) {
         val p = pageIndex(s)
         require(pages(p) != null, s"slot $i points into dropped page $p")
         val length = Entry.length(pages(p), offsetOf(s))
@@ -426,6 +467,7 @@ final class EntryTable(expectedKeys: Int = 16) {
       i += 1
     }
     require(n == live, s"$n entries in the slots, $live counted")
+    require(inUse == used, s"$inUse slots in use, $used counted")
     require(total == liveBytes, s"$total live bytes in the slots, $liveBytes counted")
     var p = 0
     while (p < pageCount) {
@@ -569,8 +611,12 @@ final class EntryTable(expectedKeys: Int = 16) {
     }
   }
 
-  /** Drops the retired pages from the directory (under the lock, with no reader registered). */
+  /**
+   * Drops the retired pages from the directory (under the lock, with no reader registered), after
+   * [[settleVacated]]: no vacated marker may point into a dropped page.
+   */
   private def dropRetired(): Unit = {
+    settleVacated()
     while (retiredCount > 0) {
       retiredCount -= 1
       val p = retired(retiredCount)
@@ -621,7 +667,7 @@ final class EntryTable(expectedKeys: Int = 16) {
       val to = holeTo(i)
       val p = pageIndex(to)
       // The slot still holds the appended entry, and the hole's page is the one it was in, in use.
-      if (holeStamp(i) == generation && (ss(slot) & AddressMask) == from && pageEpoch(p) == holeEpoch(i) &&
+      if (holeStamp(i) == generation && holdsEntry(ss(slot)) && (ss(slot) & AddressMask) == from && pageEpoch(p) == holeEpoch(i) &&
           pageUsed(p) > 0) {
         // Both through pageOf: an address whose page is gone is an exception, not a read past an array.
         val (src, dst) = (pageOf(from), pageOf(to))
@@ -661,7 +707,10 @@ final class EntryTable(expectedKeys: Int = 16) {
    * each commit. It does nothing while a reader is registered: no page could be dropped then.
    */
   def compact(): Long = {
-    if (synchronized { if (retiredCount > 0 && readers == 0) dropRetired(); readers > 0 }) return 0L
+    if (synchronized {
+      if (readers == 0) { if (retiredCount > 0) dropRetired() else settleVacated() }
+      readers > 0
+    }) return 0L
     // What was appended while readers kept this from running counts too, so that it catches up.
     val budget = CompactionRatio * math.max(appendedSinceCompaction, currentPageBytes.toLong)
     appendedSinceCompaction = 0
@@ -675,7 +724,29 @@ final class EntryTable(expectedKeys: Int = 16) {
   }
 
   /** Forgets the bytes appended since the last [[compact]], so that they do not raise the next one's budget. */
-  def skipCompaction(): Unit = appendedSinceCompaction = 0
+  def skipCompaction(): Unit = {
+    appendedSinceCompaction = 0
+    if (vacatedCount > 0) synchronized { if (readers == 0) settleVacated() }
+  }
+
+  /**
+   * Turns the vacated markers into [[Deleted]] ones, which any key may take (under the lock, with
+   * no reader registered: see the class comment). The writer's thread.
+   */
+  private def settleVacated(): Unit = {
+    val ss = slots
+    var k = 0
+    while (k < vacatedCount) {
+      val i = vacated(k)
+      if (ss(i) < 0) ss(i) = Deleted // else the key was put back there
+      k += 1
+    }
+    vacatedCount = 0
+    if (vacated.length > 4096) vacated = new Array(64)
+  }
+
+  /** Vacated markers not yet settled (tests). */
+  private[heapstate] def vacatedSlots: Int = vacatedCount
 
   /** The page with the smallest share of live bytes, if below [[EntryTable.MaxVictimLive]]; else -1. */
   private def victim(): Int = {
@@ -722,7 +793,7 @@ final class EntryTable(expectedKeys: Int = 16) {
       val address = addressOf(v, at)
       var i = scratchHash(j) & mask
       var s = ss(i)
-      while (s != Empty && (s & AddressMask) != address) { i = (i + 1) & mask; s = ss(i) }
+      while (s != Empty && !(holdsEntry(s) && (s & AddressMask) == address)) { i = (i + 1) & mask; s = ss(i) }
       if (s != Empty) { // live: its key's slot points here
         val length = Entry.length(page, at)
         val moveTo = append(page, Platform.BYTE_ARRAY_OFFSET + at, length)
@@ -770,10 +841,10 @@ final class EntryTable(expectedKeys: Int = 16) {
     var j = 0
     while (j < old.length) {
       val s = old(j)
-      if (s != Empty && s != Deleted) {
+      if (holdsEntry(s)) {
         val page = ps(pageIndex(s))
         val at = offsetOf(s)
-        // The slot keeps 22 bits of the hash; the index needs the low ones, so it is computed again.
+        // The slot keeps 21 bits of the hash; the index needs the low ones, so it is computed again.
         var i = Key.hash(page, Platform.BYTE_ARRAY_OFFSET + at + Entry.HeaderBytes, Entry.keyLength(page, at)) & mask
         while (ss(i) != Empty) i = (i + 1) & mask
         ss(i) = s
@@ -781,6 +852,7 @@ final class EntryTable(expectedKeys: Int = 16) {
       j += 1
     }
     used = live
+    vacatedCount = 0 // the markers stay in the old array
     generation += 1
     slots = ss // published last: a concurrent reader sees the old array or the complete new one
   }
@@ -797,17 +869,29 @@ object EntryTable {
 
   /** The address that means "no entry". */
   val NoEntry = 0L
-  /** Slot values: never used, and removed. Neither is an address (a page field is at least 1). */
+  /**
+   * Slot values: never used, and removed (once settled: see [[Vacated]]). Neither is an address (a
+   * page field is at least 1).
+   */
   private val Empty = 0L
   private val Deleted = 1L
+  /**
+   * The bit that marks an entry's slot vacated: its key was removed, and the slot still holds the
+   * entry's address (see the class comment). The sign bit, so that a slot holds an entry exactly
+   * when it is above [[Deleted]].
+   */
+  private val Vacated = 1L << 63
+  private def holdsEntry(s: Long): Boolean = s > Deleted
 
-  /** A slot: `[hash tag: 22 bits][page index + 1: 17 bits][offset in the page: 25 bits]`. */
+  /** A slot: `[vacated: 1 bit][hash tag: 21 bits][page index + 1: 17 bits][offset in the page: 25 bits]`. */
   private val OffsetBits = 25
   private val PageBits = 17
   private val AddressBits = OffsetBits + PageBits
   private val OffsetMask = (1L << OffsetBits) - 1
   private val AddressMask = (1L << AddressBits) - 1
   private val MaxPages = (1 << PageBits) - 2
+  /** [[Vacated]] as it shows in a slot's tag field (`slot >>> AddressBits`). */
+  private val VacatedTag = 1L << (63 - AddressBits)
 
   /** A byte array's header on a 64-bit HotSpot JVM: mark word, class pointer and length. */
   private val ArrayHeaderBytes = 16 // before PageBytes, which is initialised from it
@@ -855,7 +939,7 @@ object EntryTable {
     new java.util.ConcurrentModificationException("heapstate: the live state changed under a reader on another " +
       "thread than its writer's (two tasks on one state store at once?)")
 
-  private def tagOf(hash: Int): Long = (hash >>> 10).toLong
+  private def tagOf(hash: Int): Long = (hash >>> 11).toLong
   private def pageIndex(s: Long): Int = (((s & AddressMask) >>> OffsetBits) - 1).toInt
   private def addressOf(page: Int, offset: Int): Long = ((page + 1).toLong << OffsetBits) | offset
 

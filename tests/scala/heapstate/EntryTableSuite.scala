@@ -37,6 +37,22 @@ class EntryTableSuite extends AnyFunSuite {
     out.toMap
   }
 
+  /**
+   * One [[EntryTable.foreach]] of `t` beside its writer: each key met once, with `value(key)` (the
+   * one value the writer puts for it), and every key of `stable` met.
+   */
+  private def iterateBeside(t: EntryTable, stable: Range, value: Int => Long): Unit = {
+    val seen = mutable.Map.empty[Int, Long]
+    t.foreach { (b, at) =>
+      val k = keyOf(b, at)
+      val twice = seen.contains(k) // not in the assertion: its message would print every key seen
+      assert(!twice, s"key $k seen twice")
+      seen(k) = valueOf(b, at)
+    }
+    stable.foreach(k => assert(seen.get(k).contains(value(k)), s"stable key $k"))
+    seen.foreach { case (k, v) => assert(v == value(k), s"key $k has foreign value $v") }
+  }
+
   test("random puts, updates and removes match a model, through resizes and reused slots") {
     val rnd = new scala.util.Random(11)
     val t = new EntryTable()
@@ -567,17 +583,7 @@ class EntryTableSuite extends AnyFunSuite {
     })
     writer.start()
     try {
-      for (_ <- 0 until 20000) {
-        val seen = mutable.Map.empty[Int, Long]
-        t.foreach { (b, at) =>
-          val k = keyOf(b, at)
-          val twice = seen.contains(k) // not in the assertion: its message would print every key seen
-          assert(!twice, s"key $k seen twice")
-          seen(k) = valueOf(b, at)
-        }
-        stable.foreach(k => assert(seen.get(k).contains(k.toLong), s"stable key $k"))
-        seen.foreach { case (k, v) => assert(v == k.toLong, s"key $k has foreign value $v") }
-      }
+      for (_ <- 0 until 20000) iterateBeside(t, stable, _.toLong)
     } finally { stop.set(true); writer.join() }
     assert(cycles.get > 10000, s"the writer ran ${cycles.get} cycles only")
     assert(t.capacity == capacity)
@@ -607,16 +613,7 @@ class EntryTableSuite extends AnyFunSuite {
     })
     writer.start()
     try {
-      for (_ <- 0 until 60) {
-        val seen = mutable.Map.empty[Int, Long]
-        t.foreach { (b, at) =>
-          val k = keyOf(b, at)
-          assert(!seen.contains(k), s"key $k seen twice")
-          seen(k) = valueOf(b, at)
-        }
-        stable.foreach(k => assert(seen.get(k).contains(k.toLong), s"stable key $k"))
-        seen.foreach { case (k, v) => if (k >= 20000) assert(v == -k.toLong, s"key $k has foreign value $v") }
-      }
+      for (_ <- 0 until 60) iterateBeside(t, stable, k => if (k < 20000) k.toLong else -k.toLong)
     } finally { stop.set(true); writer.join() }
     assert(moved.get > 0, "compaction moved no entry while the reader ran")
     t.checkAccounts()

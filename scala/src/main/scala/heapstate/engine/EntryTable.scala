@@ -337,7 +337,10 @@ final class EntryTable(expectedKeys: Int = 16) {
    * 325-byte limit for hot methods (with both inside it was 370 bytes; before vacated slots, 300).
    */
   private def vacatedBy(s: Long, tag: Long, src: Array[Byte], keyAt: Int, keyLength: Int): Boolean =
-    (s >>> AddressBits) == (tag | VacatedTag) && holdsKey(pages, s, src, Platform.BYTE_ARRAY_OFFSET + keyAt, keyLength)
+    (s >>> AddressBits) == (tag | VacatedTag) && {
+      pageOf(s & AddressMask) // an exception, not a read past an array, were a vacated address ever stale
+      holdsKey(pages, s, src, Platform.BYTE_ARRAY_OFFSET + keyAt, keyLength)
+    }
 
   /** Removes the entry of the key `length` bytes at `base`/`offset`; returns its length in bytes, or -1. */
   def remove(base: AnyRef, offset: Long, length: Int, hash: Int): Int = {

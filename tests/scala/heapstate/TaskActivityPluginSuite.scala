@@ -105,7 +105,7 @@ class TaskActivityPluginSuite extends AnyFunSuite with BeforeAndAfterAll {
     assert(cores(16, "spark.master" -> "yarn", "spark.executor.cores" -> "four") == 16)
   }
 
-  /** The warnings that opening `stores` providers, one after another, logs (none logged before, in this JVM). */
+  /** The warnings that opening `stores` providers, one after another, logs, from a JVM that has not warned yet. */
   private def warningsOpening(stores: Int): Seq[String] = {
     HeapStateStoreProvider.NoTaskPluginWarned.set(false) // another suite's stores may have warned
     val root = StoreFixture.tempDir()

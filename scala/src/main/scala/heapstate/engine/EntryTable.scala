@@ -360,7 +360,7 @@ final class EntryTable(expectedKeys: Int = 16) {
   /** Marks `ss(i)` vacated and lists it for [[settleVacated]]. */
   private def vacate(ss: Array[Long], i: Int): Unit = {
     if (vacatedCount == vacated.length) {
-      synchronized { if (readers == 0) settleVacated() }
+      settleVacated()
       if (vacatedCount == vacated.length) vacated = java.util.Arrays.copyOf(vacated, vacatedCount * 2)
     }
     vacated(vacatedCount) = i
@@ -710,10 +710,7 @@ final class EntryTable(expectedKeys: Int = 16) {
    * each commit. It does nothing while a reader is registered: no page could be dropped then.
    */
   def compact(): Long = {
-    if (synchronized {
-      if (readers == 0) { if (retiredCount > 0) dropRetired() else settleVacated() }
-      readers > 0
-    }) return 0L
+    if (synchronized { settleVacated(); if (retiredCount > 0 && readers == 0) dropRetired(); readers > 0 }) return 0L
     // What was appended while readers kept this from running counts too, so that it catches up.
     val budget = CompactionRatio * math.max(appendedSinceCompaction, currentPageBytes.toLong)
     appendedSinceCompaction = 0
@@ -729,23 +726,26 @@ final class EntryTable(expectedKeys: Int = 16) {
   /** Forgets the bytes appended since the last [[compact]], so that they do not raise the next one's budget. */
   def skipCompaction(): Unit = {
     appendedSinceCompaction = 0
-    if (vacatedCount > 0) synchronized { if (readers == 0) settleVacated() }
+    if (vacatedCount > 0) settleVacated()
   }
 
   /**
-   * Turns the vacated markers into [[Deleted]] ones, which any key may take (under the lock, with
-   * no reader registered: see the class comment). The writer's thread.
+   * Turns the vacated markers into [[Deleted]] ones, which any key may take, unless a reader is
+   * registered (see the class comment): the rule is kept here, under the table's lock, for every
+   * caller. The writer's thread.
    */
-  private def settleVacated(): Unit = {
-    val ss = slots
-    var k = 0
-    while (k < vacatedCount) {
-      val i = vacated(k)
-      if (ss(i) < 0) ss(i) = Deleted // else the key was put back there
-      k += 1
+  private def settleVacated(): Unit = synchronized {
+    if (readers == 0) {
+      val ss = slots
+      var k = 0
+      while (k < vacatedCount) {
+        val i = vacated(k)
+        if (ss(i) < 0) ss(i) = Deleted // else the key was put back there
+        k += 1
+      }
+      vacatedCount = 0
+      if (vacated.length > 4096) vacated = new Array(64)
     }
-    vacatedCount = 0
-    if (vacated.length > 4096) vacated = new Array(64)
   }
 
   /** Vacated markers not yet settled (tests). */

@@ -710,7 +710,8 @@ final class EntryTable(expectedKeys: Int = 16) {
    * each commit. It does nothing while a reader is registered: no page could be dropped then.
    */
   def compact(): Long = {
-    if (synchronized { settleVacated(); if (retiredCount > 0 && readers == 0) dropRetired(); readers > 0 }) return 0L
+    // dropRetired settles the vacated markers first itself.
+    if (synchronized { if (retiredCount > 0 && readers == 0) dropRetired() else settleVacated(); readers > 0 }) return 0L
     // What was appended while readers kept this from running counts too, so that it catches up.
     val budget = CompactionRatio * math.max(appendedSinceCompaction, currentPageBytes.toLong)
     appendedSinceCompaction = 0

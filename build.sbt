@@ -17,7 +17,8 @@ lazy val root = (project in file("."))
     sparkJarsDir := {
       sys.env.get("SPARK_JARS_DIR").map(file).getOrElse {
         val lib = baseDirectory.value / ".venv-spark43" / "lib"
-        val found = Option(lib.listFiles).toSeq.flatten.map(_ / "site-packages" / "pyspark" / "jars").find(_.isDirectory)
+        val found =
+          Option(lib.listFiles).toSeq.flatten.map(_ / "site-packages" / "pyspark" / "jars").find(_.isDirectory)
         found.getOrElse(sys.error(s"Spark 4.3.0 jars not found under $lib; run bin/setup first"))
       }
     },
@@ -68,6 +69,20 @@ lazy val bench = (project in file("bench"))
     run / fork := true,
     run / connectInput := false,
     run / baseDirectory := (root / baseDirectory).value,
-    run / javaOptions ++= Seq("-Xms6g", "-Xmx6g") ++ (root / Test / javaOptions).value.filter(_.startsWith("--add-opens")),
+    run / javaOptions ++= Seq("-Xms6g", "-Xmx6g"),
+    run / javaOptions ++= (root / Test / javaOptions).value.filter(_.startsWith("--add-opens")),
+    run / outputStrategy := Some(StdoutOutput)
+  )
+
+// scalafmt, run from Maven Central's scalafmt-cli with the checked-in .scalafmt.conf: bin/test runs
+// `bin/sbt "fmt/run --test"` (fails on any file not formatted), `bin/sbt "fmt/run"` formats in place.
+lazy val fmt = (project in file("target/fmt"))
+  .settings(
+    name := "heapstate-fmt",
+    libraryDependencies += "org.scalameta" %% "scalafmt-cli" % "3.7.17",
+    Compile / run / mainClass := Some("org.scalafmt.cli.Cli"),
+    run / fork := true,
+    run / connectInput := false,
+    run / baseDirectory := (root / baseDirectory).value,
     run / outputStrategy := Some(StdoutOutput)
   )

@@ -115,7 +115,8 @@ class CheckpointFormatV2Suite extends AnyFunSuite {
     val pool = Executors.newFixedThreadPool(2)
     implicit val ec: ExecutionContext = ExecutionContext.fromExecutor(pool)
     val go = new CountDownLatch(1)
-    def attempt(p: HeapStateStoreProvider, changes: (Long, Long)*) = Future { go.await(); commit(p, 1, c1.stateStoreCkptId, changes: _*) }
+    def attempt(p: HeapStateStoreProvider, changes: (Long, Long)*) =
+      Future { go.await(); commit(p, 1, c1.stateStoreCkptId, changes: _*) }
     val fa = attempt(execA, 3L -> 30L)
     val fb = attempt(execB, 1L -> -1L, 3L -> 31L)
     go.countDown()
@@ -148,7 +149,9 @@ class CheckpointFormatV2Suite extends AnyFunSuite {
         val pool = Executors.newFixedThreadPool(2)
         implicit val ec: ExecutionContext = ExecutionContext.fromExecutor(pool)
         val go = new CountDownLatch(1)
-        val fs = Seq(execA -> changesA, execB -> changesB).map { case (p, ch) => Future { go.await(); commit(p, 1, None, ch: _*) } }
+        val fs = Seq(execA -> changesA, execB -> changesB).map { case (p, ch) =>
+          Future { go.await(); commit(p, 1, None, ch: _*) }
+        }
         go.countDown()
         fs.foreach(f => Await.result(f, 30.seconds))
         pool.shutdown()
@@ -172,11 +175,14 @@ class CheckpointFormatV2Suite extends AnyFunSuite {
     commit(p, 2, c2.stateStoreCkptId, 3L -> 99L) // an attempt at version 3 Spark drops
     val c3 = commit(p, 2, c2.stateStoreCkptId, 1L -> -1L, 3L -> 3L)
     val c4 = commit(p, 3, c3.stateStoreCkptId, 4L -> 4L)
-    val feed = provider(root, V2).getStateStoreChangeDataReader(3, 4, None, c4.stateStoreCkptId).map { case (t, k, v, batch) =>
-      (if (t == RecordType.PUT_RECORD) "PUT" else "DELETE", k.getLong(0), Option(v).map(_.getLong(0)), batch)
-    }.toList
-    assert(feed.sortBy(x => (x._4, x._2)) == List(("DELETE", 1L, None, 2L), ("PUT", 3L, Some(3L), 2L), ("PUT", 4L, Some(4L), 3L)))
-    val replayed = provider(root, V2).replayStateFromSnapshot(2, 4, readOnly = true, c2.stateStoreCkptId, c4.stateStoreCkptId)
+    val feed =
+      provider(root, V2).getStateStoreChangeDataReader(3, 4, None, c4.stateStoreCkptId).map { case (t, k, v, batch) =>
+        (if (t == RecordType.PUT_RECORD) "PUT" else "DELETE", k.getLong(0), Option(v).map(_.getLong(0)), batch)
+      }.toList
+    assert(feed.sortBy(x => (x._4, x._2)) == List(("DELETE", 1L, None, 2L), ("PUT", 3L, Some(3L), 2L),
+      ("PUT", 4L, Some(4L), 3L)))
+    val replayed =
+      provider(root, V2).replayStateFromSnapshot(2, 4, readOnly = true, c2.stateStoreCkptId, c4.stateStoreCkptId)
     assert(contents(replayed) == Map(2L -> 2L, 3L -> 3L, 4L -> 4L))
     val wrongStart = intercept[StateFileException](
       provider(root, V2).replayStateFromSnapshot(2, 4, readOnly = true, c1.stateStoreCkptId, c4.stateStoreCkptId))

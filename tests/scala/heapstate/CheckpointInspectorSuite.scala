@@ -28,11 +28,13 @@ class CheckpointInspectorSuite extends AnyFunSuite {
     val stores = list(describe(), "stores")
     assert(stores.size == 1)
     val store = stores.head
-    assert(store.get("operator") == java.lang.Long.valueOf(0) && store.get("partition") == Integer.valueOf(0) && store.get("store") == "default")
+    assert(store.get("operator") == java.lang.Long.valueOf(0) && store.get("partition") == Integer.valueOf(
+      0) && store.get("store") == "default")
     val files = list(store, "files").map(f => f.get("name") -> (f.get("status"), f.get("records"))).toMap
     assert(files("1.hs-journal") == (("ok", java.lang.Long.valueOf(2))))
     assert(files("6.hs-snapshot") == (("ok", java.lang.Long.valueOf(7))))
-    val versions = list(store, "versions").map(v => v.get("version").asInstanceOf[java.lang.Long].longValue -> (v.get("recoversFrom"), v.get("journalChain"))).toMap
+    val versions = list(store, "versions").map(v =>
+      v.get("version").asInstanceOf[java.lang.Long].longValue -> (v.get("recoversFrom"), v.get("journalChain"))).toMap
     assert(versions(2L) == (("empty", java.lang.Long.valueOf(2))))
     assert(versions(5L) == (("3.hs-snapshot", java.lang.Long.valueOf(2))))
     assert(versions(7L) == (("6.hs-snapshot", java.lang.Long.valueOf(1))))

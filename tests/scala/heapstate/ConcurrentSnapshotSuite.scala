@@ -31,7 +31,9 @@ class ConcurrentSnapshotSuite extends AnyFunSuite {
     engine.ensureAt(0)
     // Start with a state large enough that a snapshot takes a while.
     val warm = new ChangeSet(engine.live)
-    (0 until 50000).foreach { i => val k = key(i); warm.put(k, Entry(k.bytes, value(i))); model += i -> i.toLong }
+    (0 until 50000).foreach { i =>
+      val k = key(i); warm.put(k, Entry(k.bytes, value(i))); model += i -> i.toLong
+    }
     engine.commit(0, warm); models(1L) = model
     val stop = new AtomicBoolean(false)
     val written = mutable.ArrayBuffer.empty[Long]
@@ -80,7 +82,8 @@ class ConcurrentSnapshotSuite extends AnyFunSuite {
     val live = mutable.Map.empty[Int, Long]
     engine.live.iterator.foreach { a =>
       val page = engine.live.pageOf(a); val at = engine.live.offsetOf(a)
-      live(java.nio.ByteBuffer.wrap(Entry.key(page, at)).getLong.toInt) = java.nio.ByteBuffer.wrap(Entry.value(page, at)).getLong
+      live(java.nio.ByteBuffer.wrap(Entry.key(page, at)).getLong.toInt) =
+        java.nio.ByteBuffer.wrap(Entry.value(page, at)).getLong
     }
     assert(live.toMap == model, s"seed $seed: the live state differs from the model")
     val (counted, recounted) = engine.memoryAccounts
@@ -91,7 +94,8 @@ class ConcurrentSnapshotSuite extends AnyFunSuite {
     // appended during the snapshots back over their old entries.
     assert(engine.live.compactedBytes > 0, s"seed $seed: the live table's compaction moved nothing")
     assert(engine.live.writtenInPlace > 0, s"seed $seed: no update was written in place between the snapshots")
-    assert(engine.live.movedBackBytes > 0, s"seed $seed: no update appended during a snapshot went back over its old entry")
+    assert(engine.live.movedBackBytes > 0,
+      s"seed $seed: no update appended during a snapshot went back over its old entry")
     info(s"compaction moved ${engine.live.compactedBytes} bytes; ${engine.live.writtenInPlace} updates written in " +
       s"place; ${engine.live.movedBackBytes} bytes of appended updates moved back")
     val versions = written.synchronized(written.toList)
@@ -101,12 +105,16 @@ class ConcurrentSnapshotSuite extends AnyFunSuite {
     assert(onDisk.nonEmpty)
     for (f <- onDisk) {
       val got = mutable.Map.empty[Int, Long]
-      files.read(f)((k, v) => {
-        val kk = java.nio.ByteBuffer.wrap(k).getLong.toInt
-        val vv = java.nio.ByteBuffer.wrap(v).getLong
-        assert(got.get(kk).forall(_ == vv), s"seed $seed: key $kk repeated with another value in snapshot ${f.version}")
-        got(kk) = vv
-      }, _ => fail("delete in snapshot"))
+      files.read(f)(
+        (k, v) => {
+          val kk = java.nio.ByteBuffer.wrap(k).getLong.toInt
+          val vv = java.nio.ByteBuffer.wrap(v).getLong
+          assert(got.get(kk).forall(_ == vv),
+            s"seed $seed: key $kk repeated with another value in snapshot ${f.version}")
+          got(kk) = vv
+        },
+        _ => fail("delete in snapshot")
+      )
       assert(got.toMap == models(f.version), s"seed $seed: snapshot of version ${f.version} differs from the model")
     }
     info(s"${onDisk.size} snapshots checked, versions ${onDisk.map(_.version).mkString(",")}")

@@ -57,7 +57,8 @@ class CorruptionSuite extends AnyFunSuite {
   private case object Truncate extends Damage {
     def apply(f: File, trial: Int): Unit = {
       val raf = new RandomAccessFile(f, "rw")
-      try raf.setLength(new scala.util.Random(trial).nextInt(raf.length().toInt)) finally raf.close()
+      try raf.setLength(new scala.util.Random(trial).nextInt(raf.length().toInt))
+      finally raf.close()
     }
   }
   private case object FlipBits extends Damage {
@@ -65,9 +66,10 @@ class CorruptionSuite extends AnyFunSuite {
       val rnd = new scala.util.Random(trial)
       val raf = new RandomAccessFile(f, "rw")
       try for (_ <- 0 to rnd.nextInt(3)) {
-        val at = rnd.nextInt(raf.length().toInt)
-        raf.seek(at); val b = raf.read(); raf.seek(at); raf.write(b ^ (1 << rnd.nextInt(8)))
-      } finally raf.close()
+          val at = rnd.nextInt(raf.length().toInt)
+          raf.seek(at); val b = raf.read(); raf.seek(at); raf.write(b ^ (1 << rnd.nextInt(8)))
+        }
+      finally raf.close()
     }
   }
   private case object Delete extends Damage {

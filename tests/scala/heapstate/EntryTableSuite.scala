@@ -22,7 +22,8 @@ class EntryTableSuite extends AnyFunSuite {
     Platform.putLong(value, Platform.BYTE_ARRAY_OFFSET, v)
     Entry(keyBytes(k), value)
   }
-  private def valueOf(b: Array[Byte], at: Int): Long = Platform.getLong(b, Platform.BYTE_ARRAY_OFFSET + Entry.valueStart(b, at))
+  private def valueOf(b: Array[Byte], at: Int): Long =
+    Platform.getLong(b, Platform.BYTE_ARRAY_OFFSET + Entry.valueStart(b, at))
   private def valueOf(e: Array[Byte]): Long = valueOf(e, 0)
   private def keyOf(b: Array[Byte], at: Int): Int = Platform.getInt(b, Platform.BYTE_ARRAY_OFFSET + Entry.keyStart(at))
   private def valueAt(t: EntryTable, address: Long): Long = valueOf(t.pageOf(address), t.offsetOf(address))
@@ -117,7 +118,9 @@ class EntryTableSuite extends AnyFunSuite {
     // Without compaction, the same churn piles up garbage: the bound above is compaction's doing.
     val u = new EntryTable()
     for (k <- 0 until keys) { val e = entry(k, k); u.put(e, Entry.keyHash(e)) }
-    for (_ <- 0 until 50 * 4000) { val k = rnd.nextInt(keys); val e = entry(k, rnd.nextLong()); u.put(e, Entry.keyHash(e)) }
+    for (_ <- 0 until 50 * 4000) {
+      val k = rnd.nextInt(keys); val e = entry(k, rnd.nextLong()); u.put(e, Entry.keyHash(e))
+    }
     assert(u.heapBytes - slotBytes > 3 * u.entryBytes)
   }
 
@@ -128,11 +131,15 @@ class EntryTableSuite extends AnyFunSuite {
     t.youngPagesOnly = true
     val value = new Array[Byte](1000)
     var k = 0
-    while (t.heapBytes < 8L * EntryTable.PageBytes) { val e = Entry(keyBytes(k), value); t.put(e, Entry.keyHash(e)); k += 1 }
+    while (t.heapBytes < 8L * EntryTable.PageBytes) {
+      val e = Entry(keyBytes(k), value); t.put(e, Entry.keyHash(e)); k += 1
+    }
     assert(t.currentPageBytes <= EntryTable.YoungPageBytes, "a loading state's pages stay young-sized")
     t.youngPagesOnly = false
     val held = t.heapBytes
-    while (t.heapBytes < held + 2L * EntryTable.PageBytes) { val e = Entry(keyBytes(k), value); t.put(e, Entry.keyHash(e)); k += 1 }
+    while (t.heapBytes < held + 2L * EntryTable.PageBytes) {
+      val e = Entry(keyBytes(k), value); t.put(e, Entry.keyHash(e)); k += 1
+    }
     assert(t.currentPageBytes == EntryTable.PageBytes)
     assert(t.size == k)
     t.checkAccounts()
@@ -147,7 +154,9 @@ class EntryTableSuite extends AnyFunSuite {
     // Every key of the first page updated: the page holds nothing live, and is dropped.
     val inFirst = (0 until 20).filter(k => t.pageOf(t.find(Key(keyBytes(k)))) eq firstPage)
     assert(inFirst.size >= 2 && inFirst.contains(0))
-    inFirst.foreach { k => val e = Entry(keyBytes(k), new Array[Byte](999)); t.put(e, Entry.keyHash(e)) }
+    inFirst.foreach { k =>
+      val e = Entry(keyBytes(k), new Array[Byte](999)); t.put(e, Entry.keyHash(e))
+    }
     val e = intercept[java.util.ConcurrentModificationException](t.pageOf(stale))
     assert(e.getMessage.contains("changed under a reader"))
     assert(t.size == 20)
@@ -283,7 +292,9 @@ class EntryTableSuite extends AnyFunSuite {
       if (inPlace) assert(live.garbageBytes == 0, s"version $v: an update left its old entry behind")
       else assert(live.garbageBytes > 0, s"version $v: appended updates leave their old entries behind")
     }
-    assert(live.iterator.map { a => val p = live.pageOf(a); val at = live.offsetOf(a); keyOf(p, at) -> valueOf(p, at) }.toMap == model)
+    assert(live.iterator.map { a =>
+      val p = live.pageOf(a); val at = live.offsetOf(a); keyOf(p, at) -> valueOf(p, at)
+    }.toMap == model)
     assert(live.writtenInPlace == updated && live.movedBackBytes > 0 && live.compactedBytes == 0)
   }
 
@@ -304,7 +315,9 @@ class EntryTableSuite extends AnyFunSuite {
     // Distinct updates of the same lengths, some keys twice, over several hole pages: all go
     // back, and no garbage stays.
     val entryBytes = t.entryBytes
-    for (_ <- 0 until 8000) { val k = rnd.nextInt(20000); val v = rnd.nextLong(); update(k, fixedEntry(k, v)); model += k -> v }
+    for (_ <- 0 until 8000) {
+      val k = rnd.nextInt(20000); val v = rnd.nextLong(); update(k, fixedEntry(k, v)); model += k -> v
+    }
     assert(t.garbageBytes > 0 && t.holes == 8000)
     val held = t.heapBytes
     assert(t.fillHoles() > 0)
@@ -340,7 +353,10 @@ class EntryTableSuite extends AnyFunSuite {
     t.fillHoles()
     check("after a fill that followed compaction")
     // A resize in between: no slot number holds, and nothing moves.
-    for (_ <- 0 until 500) { val k = rnd.nextInt(20000); if (model.contains(k)) { val v = rnd.nextLong(); update(k, fixedEntry(k, v)); model += k -> v } }
+    for (_ <- 0 until 500) {
+      val k = rnd.nextInt(20000);
+      if (model.contains(k)) { val v = rnd.nextLong(); update(k, fixedEntry(k, v)); model += k -> v }
+    }
     val garbageBeforeResize = t.garbageBytes
     for (k <- 100000 until 140000) { val e = fixedEntry(k, k); t.put(e, Entry.keyHash(e)); model += k -> k.toLong }
     assert(t.fillHoles() == 0 && t.garbageBytes == garbageBeforeResize)
@@ -367,7 +383,8 @@ class EntryTableSuite extends AnyFunSuite {
     assert(t.stamp == stamp && t.capacity == 131072)
     t.reserve(98305 - 50098)
     assert(t.stamp == stamp + 1 && t.capacity == 262144)
-    assert(contents(t) == ((0 until 100).filter(_ != 7).map(k => k -> k.toLong) ++ (100 until 50099).map(k => k -> k * 3L)).toMap)
+    assert(contents(t) == ((0 until 100).filter(_ != 7).map(k => k -> k.toLong) ++ (100 until 50099).map(k =>
+      k -> k * 3L)).toMap)
     t.checkAccounts()
   }
 
@@ -393,7 +410,8 @@ class EntryTableSuite extends AnyFunSuite {
       assert(live.numKeys == model.size, s"version $v")
       for (k <- 0 until 40000 by 7) {
         val got = live.get(Key(keyBytes(k)))
-        val bytes = if (got == EntryTable.NoEntry) None else {
+        val bytes = if (got == EntryTable.NoEntry) None
+        else {
           val page = live.pageOf(got); val at = live.offsetOf(got)
           Some(page.slice(at, at + Entry.length(page, at)).toSeq)
         }
@@ -404,7 +422,7 @@ class EntryTableSuite extends AnyFunSuite {
   }
 
   for (inPlace <- Seq(false, true)) test("undo entries: a snapshot view of every kept version and a roll-back to it " +
-      s"equal the model (updates ${if (inPlace) "written in place" else "appended"})") {
+    s"equal the model (updates ${if (inPlace) "written in place" else "appended"})") {
     val rnd = new scala.util.Random(11)
     val keep = 6
     val live = new LiveState(None, 0)
@@ -412,7 +430,9 @@ class EntryTableSuite extends AnyFunSuite {
     val models = mutable.ArrayBuffer(Map.empty[Int, Long])
     def liveContents(st: LiveState): Map[Int, Long] = {
       val out = mutable.ArrayBuffer.empty[Array[Byte]]
-      st.iterator.foreach { a => val page = st.pageOf(a); val at = st.offsetOf(a); out += page.slice(at, at + Entry.length(page, at)) }
+      st.iterator.foreach { a =>
+        val page = st.pageOf(a); val at = st.offsetOf(a); out += page.slice(at, at + Entry.length(page, at))
+      }
       assert(out.size == st.numKeys)
       contentsOf(out)
     }
@@ -445,10 +465,11 @@ class EntryTableSuite extends AnyFunSuite {
       assert(live.memoryBytes == live.memoryBytesRecounted, s"version $v: the running memory count")
       for (s <- math.max(0, v - keep) to v) {
         val emitted = mutable.ArrayBuffer.empty[Array[Byte]]
-        live.writeSnapshotView(s, (b, at, hash) => {
-          assert(hash == Entry.keyHash(b, at))
-          emitted += b.slice(at, at + Entry.length(b, at))
-        })
+        live.writeSnapshotView(s,
+          (b, at, hash) => {
+            assert(hash == Entry.keyHash(b, at))
+            emitted += b.slice(at, at + Entry.length(b, at))
+          })
         assert(contentsOf(emitted) == models(s), s"the view of version $s at version $v")
       }
       assert(!live.canRollBackTo(v - keep - 1L), s"version $v keeps no more than $keep undo entries")
@@ -485,13 +506,16 @@ class EntryTableSuite extends AnyFunSuite {
     val atOne = (0 until 200).map(k => k -> k.toLong).toMap
     val emitted = mutable.ArrayBuffer.empty[Array[Byte]]
     var recommitted = false
-    live.writeSnapshotView(1, (b, at, _) => {
-      emitted += b.slice(at, at + Entry.length(b, at))
-      if (!recommitted) { // version 2 again, after the view has read its first entry
-        recommitted = true
-        commit((0 until 200).map(k => k -> (1000L + k)) ++ (200 until 300).map(k => k -> k.toLong))
+    live.writeSnapshotView(
+      1,
+      (b, at, _) => {
+        emitted += b.slice(at, at + Entry.length(b, at))
+        if (!recommitted) { // version 2 again, after the view has read its first entry
+          recommitted = true
+          commit((0 until 200).map(k => k -> (1000L + k)) ++ (200 until 300).map(k => k -> k.toLong))
+        }
       }
-    })
+    )
     val seen = mutable.Map.empty[Int, Long]
     emitted.foreach { e =>
       val k = keyOf(e, 0)
@@ -552,7 +576,8 @@ class EntryTableSuite extends AnyFunSuite {
     t.checkAccounts()
   }
 
-  test("iterators beside a writer that removes a key, lets another key of its chain in and puts it back meet each key once") {
+  test(
+    "iterators beside a writer that removes a key, lets another key of its chain in and puts it back meet each key once") {
     // The interleaving of the test above, made often: the writer removes a key, puts a key that
     // hashes to the same slot (its intruder), puts the first key back, removes the intruder, and
     // removes and puts the first key once more, over and over, while readers iterate. 500 keys in 1,024 slots, never more than 501: a resize
@@ -567,17 +592,22 @@ class EntryTableSuite extends AnyFunSuite {
       val candidates = Iterator.from(1000000)
       movers.map(k => candidates.find(c => home(c) == home(k)).get).toArray
     }
-    (movers ++ stable).foreach { k => val e = entry(k, k.toLong); t.put(e, Entry.keyHash(e)) }
+    (movers ++ stable).foreach { k =>
+      val e = entry(k, k.toLong); t.put(e, Entry.keyHash(e))
+    }
     val stop = new AtomicBoolean(false)
     val cycles = new java.util.concurrent.atomic.AtomicLong
     val writer = new Thread(() => {
       val rnd = new scala.util.Random(5)
       def put(k: Int): Unit = { val e = entry(k, k.toLong); t.put(e, Entry.keyHash(e)) }
-      def remove(k: Int): Unit = { val kb = keyBytes(k); t.remove(kb, Platform.BYTE_ARRAY_OFFSET, kb.length, Key(kb).hashCode) }
+      def remove(k: Int): Unit = {
+        val kb = keyBytes(k); t.remove(kb, Platform.BYTE_ARRAY_OFFSET, kb.length, Key(kb).hashCode)
+      }
       while (!stop.get()) {
         val m = rnd.nextInt(movers.size)
         remove(movers(m)); put(intruder(m)); put(movers(m)); remove(intruder(m))
-        remove(movers(m)); put(movers(m)) // back to the lowest slot it may take, so that the next cycle can move it again
+        remove(movers(m));
+        put(movers(m)) // back to the lowest slot it may take, so that the next cycle can move it again
         if (cycles.incrementAndGet() % 64 == 0) t.compact() // settles the vacated slots when no reader is registered
       }
     })
@@ -590,7 +620,8 @@ class EntryTableSuite extends AnyFunSuite {
     t.checkAccounts()
   }
 
-  test("an iterator running beside the writer sees each key once, with a value it had, while compaction moves entries") {
+  test(
+    "an iterator running beside the writer sees each key once, with a value it had, while compaction moves entries") {
     val t = new EntryTable()
     val stable = 0 until 20000 // never changed while iterating: must all be seen, unchanged
     // Each stable key shares its page with changing keys, so compaction moves stable keys too.

@@ -76,7 +76,8 @@ object FlatMapGroupsWithStateSuite {
     4L -> Seq(("a", 4L, "update")),
     5L -> Seq(("c", 2L, "update")),
     6L -> Seq(("b", 1L, "timeout"), ("d", 1L, "update")),
-    7L -> Seq(("a", 4L, "timeout"))) // a's count includes its three rows from before the restart
+    7L -> Seq(("a", 4L, "timeout"))
+  ) // a's count includes its three rows from before the restart
 
   val HdfsProvider = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
   val HeapProvider: String = classOf[HeapStateStoreProvider].getName
@@ -135,7 +136,8 @@ class FlatMapGroupsWithStateSuite extends AnyFunSuite with BeforeAndAfterAll {
   private def runAvailableNow(
       input: JPath,
       checkpoint: JPath,
-      fn: (String, Iterator[FmgEvent], GroupState[FmgCount]) => Iterator[FmgOut] = countUntilTimeout): Seq[(Long, Seq[(String, Long, String)])] = {
+      fn: (String, Iterator[FmgEvent],
+          GroupState[FmgCount]) => Iterator[FmgOut] = countUntilTimeout): Seq[(Long, Seq[(String, Long, String)])] = {
     val session = spark
     import session.implicits._
     val collected = new java.util.concurrent.ConcurrentLinkedQueue[(Long, Seq[(String, Long, String)])]()
@@ -167,7 +169,8 @@ class FlatMapGroupsWithStateSuite extends AnyFunSuite with BeforeAndAfterAll {
    * The run before the restart of `provider` in directory `dir`, and (with `restart`) the run
    * after it; the batches of both.
    */
-  private def run(dir: JPath, provider: String, format: Int, restart: Boolean = true): Seq[(Long, Seq[(String, Long, String)])] = {
+  private def run(
+      dir: JPath, provider: String, format: Int, restart: Boolean = true): Seq[(Long, Seq[(String, Long, String)])] = {
     val (input, checkpoint) = (dir.resolve("input"), dir.resolve("checkpoint"))
     spark.conf.set(ProviderConf, provider)
     spark.conf.set(FormatConf, format.toString)
@@ -209,36 +212,44 @@ class FlatMapGroupsWithStateSuite extends AnyFunSuite with BeforeAndAfterAll {
 
   /** Runs `body` with a fresh directory for each provider, deleted afterwards. */
   private def withDirs[T](body: (JPath, JPath) => T): T = {
-    val (hdfsDir, heapDir) = (Files.createTempDirectory("heapstate-fmgws"), Files.createTempDirectory("heapstate-fmgws"))
+    val (hdfsDir, heapDir) =
+      (Files.createTempDirectory("heapstate-fmgws"), Files.createTempDirectory("heapstate-fmgws"))
     try body(hdfsDir, heapDir)
     finally Seq(hdfsDir, heapDir).foreach(d => org.apache.commons.io.FileUtils.deleteDirectory(d.toFile))
   }
 
   for (format <- Seq(1, 2)) {
-    test(s"flatMapGroupsWithState, state format $format, with an event-time timeout and a restart: equal to HDFS and to the model") { withDirs { (hdfsDir, heapDir) =>
-      val hdfs = run(hdfsDir, HdfsProvider, format)
-      val heap = run(heapDir, HeapProvider, format)
-      val (hdfsCheckpoint, heapCheckpoint) = (hdfsDir.resolve("checkpoint"), heapDir.resolve("checkpoint"))
+    test(
+      s"flatMapGroupsWithState, state format $format, with an event-time timeout and a restart: equal to HDFS and to the model") {
+      withDirs { (hdfsDir, heapDir) =>
+        val hdfs = run(hdfsDir, HdfsProvider, format)
+        val heap = run(heapDir, HeapProvider, format)
+        val (hdfsCheckpoint, heapCheckpoint) = (hdfsDir.resolve("checkpoint"), heapDir.resolve("checkpoint"))
 
-      assert(hdfs == Expected, s"format $format: the HDFS provider's batches")
-      assert(heap == hdfs, s"format $format: heapstate's batches differ from the HDFS provider's")
+        assert(hdfs == Expected, s"format $format: the HDFS provider's batches")
+        assert(heap == hdfs, s"format $format: heapstate's batches differ from the HDFS provider's")
 
-      for ((checkpoint, provider) <- Seq(hdfsCheckpoint -> HdfsProvider, heapCheckpoint -> HeapProvider)) {
-        val pinned = pinnedConfs(checkpoint)
-        assert(pinned.forall(_.get(FormatConf).contains(format.toString)), s"$checkpoint: the offset log's state format")
-        assert(pinned.forall(_.get(ProviderConf).contains(provider)), s"$checkpoint: the offset log's provider")
-        // The operator really used the format: format 2's value schema nests the state in `groupState`.
-        val schema = new String(Files.readAllBytes(checkpoint.resolve("state/0/0/_metadata/schema")), UTF_8)
-        assert(schema.contains("\"groupState\"") == (format == 2), s"$checkpoint: the state schema of format $format: $schema")
+        for ((checkpoint, provider) <- Seq(hdfsCheckpoint -> HdfsProvider, heapCheckpoint -> HeapProvider)) {
+          val pinned = pinnedConfs(checkpoint)
+          assert(pinned.forall(_.get(FormatConf).contains(format.toString)),
+            s"$checkpoint: the offset log's state format")
+          assert(pinned.forall(_.get(ProviderConf).contains(provider)), s"$checkpoint: the offset log's provider")
+          // The operator really used the format: format 2's value schema nests the state in `groupState`.
+          val schema = new String(Files.readAllBytes(checkpoint.resolve("state/0/0/_metadata/schema")), UTF_8)
+          assert(schema.contains("\"groupState\"") == (format == 2),
+            s"$checkpoint: the state schema of format $format: $schema")
+        }
+        val heapFiles = stateFiles(heapCheckpoint)
+        assert(heapFiles.exists(_.endsWith(".hs-journal")), s"heapstate wrote no journal: $heapFiles")
+        assert(heapFiles.forall(_.matches("""\d+\.hs-(journal|snapshot)""")),
+          s"heapstate's stores hold other files: $heapFiles")
+        assert(stateFiles(hdfsCheckpoint).forall(_.matches("""\d+\.(delta|snapshot)""")))
       }
-      val heapFiles = stateFiles(heapCheckpoint)
-      assert(heapFiles.exists(_.endsWith(".hs-journal")), s"heapstate wrote no journal: $heapFiles")
-      assert(heapFiles.forall(_.matches("""\d+\.hs-(journal|snapshot)""")), s"heapstate's stores hold other files: $heapFiles")
-      assert(stateFiles(hdfsCheckpoint).forall(_.matches("""\d+\.(delta|snapshot)""")))
-    } }
+    }
   }
 
-  test("flatMapGroupsWithState, state format 1, with an event-time timeout and Spark's row check on: runs until a restart, as on HDFS") {
+  test(
+    "flatMapGroupsWithState, state format 1, with an event-time timeout and Spark's row check on: runs until a restart, as on HDFS") {
     // The check fails format 1's rows with a timeout (see FormatValidationConf), but Spark's
     // providers apply it to rows read from files: a query that does not restart runs.
     withDirs { (hdfsDir, heapDir) =>
@@ -249,7 +260,8 @@ class FlatMapGroupsWithStateSuite extends AnyFunSuite with BeforeAndAfterAll {
     }
   }
 
-  test("a task writing a heapstate store counts in StateEngine.storesWriting, for background snapshots to wait for; a failed task leaves none counted") {
+  test(
+    "a task writing a heapstate store counts in StateEngine.storesWriting, for background snapshots to wait for; a failed task leaves none counted") {
     import heapstate.engine.StateEngine
     withDirs { (_, dir) =>
       spark.conf.set(ProviderConf, HeapProvider)
@@ -266,8 +278,11 @@ class FlatMapGroupsWithStateSuite extends AnyFunSuite with BeforeAndAfterAll {
 
         FailOnKey = "b"
         val failed = intercept[Exception](runAvailableNow(input, dir.resolve("failed"), countSeeingWriters))
-        assert(Iterator.iterate(failed: Throwable)(_.getCause).takeWhile(_ != null)
-          .exists(e => String.valueOf(e.getMessage).contains("the test fails the task of key b")), failed)
+        assert(
+          Iterator.iterate(failed: Throwable)(_.getCause).takeWhile(_ != null)
+            .exists(e => String.valueOf(e.getMessage).contains("the test fails the task of key b")),
+          failed
+        )
         // The task's completion listener runs before Spark hears the task failed; allow the
         // driver's side a moment all the same.
         val deadline = System.nanoTime() + 10000000000L

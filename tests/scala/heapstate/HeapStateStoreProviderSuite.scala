@@ -104,21 +104,24 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
 
   test("older retained versions are served after undo runs out, from snapshot and journals") {
     val root = tempDir()
-    val p = provider(root, Map(
-      "spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "3",
-      "spark.sql.streaming.stateStore.heapstate.undoVersions" -> "1"))
+    val p = provider(root,
+      Map(
+        "spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "3",
+        "spark.sql.streaming.stateStore.heapstate.undoVersions" -> "1"))
     for (v <- 0 until 10) {
       val s = p.getStore(v, None, false, false); put(s, v, v * 10); s.commit()
       p.doMaintenance()
     }
     for (v <- Seq(10, 4, 9, 0, 7, 10)) {
-      assert(contents(p.getStore(v, None, false, false)) == (0 until v).map(i => i.toLong -> i * 10L).toMap, s"version $v")
+      assert(contents(p.getStore(v, None, false, false)) == (0 until v).map(i => i.toLong -> i * 10L).toMap,
+        s"version $v")
     }
   }
 
   test("snapshots every compactionInterval versions, and cleanup keeps what minBatchesToRetain needs") {
     val root = tempDir()
-    val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "4"), minVersionsToRetain = 3)
+    val p =
+      provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "4"), minVersionsToRetain = 3)
     for (v <- 0 until 14) {
       val s = p.getStore(v, None, false, false); put(s, v % 5, v); s.commit()
       p.doMaintenance()
@@ -133,7 +136,8 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
 
   test("cleanup deletes the snapshots between the retained base and the newest one below the live version") {
     val root = tempDir()
-    val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "3"), minVersionsToRetain = 100)
+    val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "3"),
+      minVersionsToRetain = 100)
     val model = scala.collection.mutable.Map.empty[Long, Long]
     val byVersion = scala.collection.mutable.Map(0L -> Map.empty[Long, Long])
     for (v <- 0 until 12) {
@@ -161,7 +165,8 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     val root = tempDir()
     // Retain 8 versions, a snapshot every 2: the gap between kept snapshots is 8 / 2 = 4 versions,
     // so a store keeps at most 8 - 1 + 4 = 11 journals.
-    val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "2"), minVersionsToRetain = 8)
+    val p =
+      provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "2"), minVersionsToRetain = 8)
     var mostJournals = 0
     val byVersion = commitModSeven(p, 40) {
       p.doMaintenance()
@@ -180,7 +185,8 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     val root = tempDir()
     // Retain 16 versions, a snapshot every 2: the gap is 16 / 2 = 8 versions. Cleanup runs once,
     // at version 30 (as with Spark's default maintenance interval of a minute and fast batches).
-    val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "2"), minVersionsToRetain = 16)
+    val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "2"),
+      minVersionsToRetain = 16)
     val byVersion = commitModSeven(p, 30)(p.doSnapshotMaintenance())
     assert(snapshots(root) == (2 to 30 by 2).map(v => s"$v.hs-snapshot").sortBy(identity))
     p.doCleanupMaintenance()
@@ -196,7 +202,9 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     val root = tempDir()
     val every3 = Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "3")
     val behind = provider(root, every3, minVersionsToRetain = 100)
-    for (v <- 0 until 7) { val s = behind.getStore(v, None, false, false); put(s, v, v); s.commit(); behind.doSnapshotMaintenance() }
+    for (v <- 0 until 7) {
+      val s = behind.getStore(v, None, false, false); put(s, v, v); s.commit(); behind.doSnapshotMaintenance()
+    }
     assert(snapshots(root) == Seq("3.hs-snapshot", "6.hs-snapshot"))
     // Another instance of the store (a task moved to another executor) goes on to version 9.
     // Its commit of version 9 makes a snapshot due, which it writes in the background: wait for
@@ -206,8 +214,10 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     val deadline = System.nanoTime() + 30L * 1000 * 1000 * 1000
     while (!snapshots(root).contains("9.hs-snapshot") && System.nanoTime() < deadline) Thread.sleep(20)
     behind.doCleanupMaintenance()
-    assert(snapshots(root) == Seq("3.hs-snapshot", "6.hs-snapshot", "9.hs-snapshot"),
-      "the instance at version 7 is behind: it keeps its own snapshots and the one above it")
+    assert(
+      snapshots(root) == Seq("3.hs-snapshot", "6.hs-snapshot", "9.hs-snapshot"),
+      "the instance at version 7 is behind: it keeps its own snapshots and the one above it"
+    )
     ahead.doMaintenance() // 6 is the one below the live version, 3 goes
     assert(snapshots(root) == Seq("6.hs-snapshot", "9.hs-snapshot"))
     assert(contents(provider(root).getReadStore(9, None)) == (0L until 9L).map(k => k -> k).toMap)
@@ -215,14 +225,18 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
 
   test("cleanup keeps the snapshot a rebuild used in place of a damaged newer one") {
     val root = tempDir()
-    val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "3"), minVersionsToRetain = 100)
-    for (v <- 0 until 9) { val s = p.getStore(v, None, false, false); put(s, v, v); s.commit(); p.doSnapshotMaintenance() }
+    val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "3"),
+      minVersionsToRetain = 100)
+    for (v <- 0 until 9) {
+      val s = p.getStore(v, None, false, false); put(s, v, v); s.commit(); p.doSnapshotMaintenance()
+    }
     p.close()
     assert(snapshots(root) == Seq("3.hs-snapshot", "6.hs-snapshot", "9.hs-snapshot"))
     val raf = new RandomAccessFile(new File(storeDir(root), "9.hs-snapshot"), "rw")
     raf.seek(raf.length() / 2); val b = raf.read(); raf.seek(raf.length() / 2); raf.write(b ^ 0xff); raf.close()
     // No snapshot falls due in this instance: the one it rebuilt from (6) is the newest it trusts.
-    val fresh = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "100"), minVersionsToRetain = 100)
+    val fresh = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "100"),
+      minVersionsToRetain = 100)
     val s = fresh.getStore(9, None, false, false); put(s, 9, 9); s.commit()
     fresh.doMaintenance()
     assert(snapshots(root) == Seq("6.hs-snapshot", "9.hs-snapshot"), "6 stays: 9 is damaged")
@@ -263,7 +277,8 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     val s0 = p.getStore(0, None, false, false)
     for (k <- 0L until 400000L) { put(s0, k, k); model(k) = k } // ~25 MB of entries: a paced snapshot takes a while
     s0.commit()
-    val s1 = p.getStore(1, None, false, false); put(s1, 1, -1); s1.commit() // version 2: snapshot due, in the background
+    val s1 = p.getStore(1, None, false, false); put(s1, 1, -1);
+    s1.commit() // version 2: snapshot due, in the background
     val deadline = System.nanoTime() + 30L * 1000 * 1000 * 1000
     def tmpFiles = Option(storeDir(root).listFiles).toSeq.flatten.map(_.getName).filter(_.endsWith(".tmp"))
     while (tmpFiles.isEmpty && !files(root).contains("2.hs-snapshot") && System.nanoTime() < deadline) Thread.sleep(1)
@@ -282,7 +297,8 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     val p = provider(tempDir(), prefixScan = true)
     def put2(s: StateStore, g: String, t: Long, v: Long) = s.put(prefixKey(g, t), row(v), CF)
     def scan(s: StateStore, g: String) =
-      s.prefixScan(prefix(g), CF).map(pr => (pr.key.getUTF8String(0).toString, pr.key.getLong(1), pr.value.getLong(0))).toSet
+      s.prefixScan(prefix(g), CF).map(pr =>
+        (pr.key.getUTF8String(0).toString, pr.key.getLong(1), pr.value.getLong(0))).toSet
     val s0 = p.getStore(0, None, false, false)
     put2(s0, "a", 1, 1); put2(s0, "a", 2, 2); put2(s0, "b", 1, 3); put2(s0, "ab", 1, 4)
     assert(scan(s0, "a") == Set(("a", 1L, 1L), ("a", 2L, 2L)))
@@ -324,7 +340,8 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     val m = s.metrics
     // The commit's time, split into the store's work and the coordinator report, within its wall time.
     val (stored, reported) =
-      (m.customMetrics(HeapStateStoreProvider.CommitStoreTime), m.customMetrics(HeapStateStoreProvider.CommitReportTime))
+      (m.customMetrics(HeapStateStoreProvider.CommitStoreTime),
+        m.customMetrics(HeapStateStoreProvider.CommitReportTime))
     assert(stored > 0 && reported >= 0 && stored + reported <= wallMicros, (stored, reported, wallMicros))
     // Of the store's part, the time its thread ran: some, and no more than the part's wall time
     // (the two clocks differ in granularity, by well under a millisecond).
@@ -338,11 +355,21 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
 
   test("every heapstate key is validated in init, naming the key and the allowed values") {
     val cases = Seq(
-      "compactionInterval" -> "0", "compactionInterval" -> "-3", "compactionInterval" -> "ten",
-      "compactionInterval" -> "", "compactionInterval" -> "2.5", "compactionInterval" -> "99999999999",
-      "compressionCodec" -> "brotli", "compressionCodec" -> "", "compressionCodec" -> "-1",
-      "undoVersions" -> "-1", "undoVersions" -> "1.5", "undoVersions" -> "two", "undoVersions" -> "",
-      "undoVersions" -> "99999999999")
+      "compactionInterval" -> "0",
+      "compactionInterval" -> "-3",
+      "compactionInterval" -> "ten",
+      "compactionInterval" -> "",
+      "compactionInterval" -> "2.5",
+      "compactionInterval" -> "99999999999",
+      "compressionCodec" -> "brotli",
+      "compressionCodec" -> "",
+      "compressionCodec" -> "-1",
+      "undoVersions" -> "-1",
+      "undoVersions" -> "1.5",
+      "undoVersions" -> "two",
+      "undoVersions" -> "",
+      "undoVersions" -> "99999999999"
+    )
     // An existing checkpoint, written with valid confs: a rejected conf must leave it as it is.
     val existing = tempDir()
     val good = provider(existing)
@@ -354,7 +381,8 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     for ((name, value) <- cases; root <- Seq(tempDir(), existing)) {
       val key = s"spark.sql.streaming.stateStore.heapstate.$name"
       val e = intercept[IllegalArgumentException](provider(root, Map(key -> value)))
-      assert(e.getMessage.contains(key) && e.getMessage.contains(s"'$value'") && e.getMessage.contains("expected"), e.getMessage)
+      assert(e.getMessage.contains(key) && e.getMessage.contains(s"'$value'") && e.getMessage.contains("expected"),
+        e.getMessage)
       if (root == existing) assert(snapshotOf(root) == before, s"$key=$value touched the checkpoint")
       else assert(!new File(root).listFiles().exists(_ => true), s"$key=$value touched the checkpoint")
     }
@@ -390,7 +418,8 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     assert(s1.get(row(3), CF).getSizeInBytes == 16)
     rowCheckFails(s1)(_.get(row(1), CF))
     // Off, as Spark's conf allows: the rows are served as stored.
-    val unchecked = provider(root, Map("spark.sql.streaming.stateStore.formatValidation.enabled" -> "false"), values = twoLongs)
+    val unchecked =
+      provider(root, Map("spark.sql.streaming.stateStore.formatValidation.enabled" -> "false"), values = twoLongs)
     assert(unchecked.getStore(1, None, false, false).get(row(1), CF).getSizeInBytes == 16)
     // The schema they were written with passes, and one check covers a rebuild: the next store of
     // the same provider does not check again.
@@ -424,12 +453,13 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
 
   test("a damaged snapshot falls back to an older one with journals; a damaged journal fails") {
     val root = tempDir()
-    val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "2"), minVersionsToRetain = 100)
+    val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "2"),
+      minVersionsToRetain = 100)
     for (v <- 0 until 6) { val s = p.getStore(v, None, false, false); put(s, v, v); s.commit(); p.doMaintenance() }
     val expected = (0 until 6).map(i => i.toLong -> i.toLong).toMap
     val snap = new File(storeDir(root), "6.hs-snapshot")
     assert(snap.exists())
-    val raf = new RandomAccessFile(snap, "rw"); raf.seek(30); raf.write(0xAB ^ raf.read()); raf.close()
+    val raf = new RandomAccessFile(snap, "rw"); raf.seek(30); raf.write(0xab ^ raf.read()); raf.close()
     assert(contents(provider(root).getReadStore(6, None)) == expected)
     val journal = new File(storeDir(root), "6.hs-journal")
     val raf2 = new RandomAccessFile(journal, "rw"); raf2.setLength(journal.length() - 3); raf2.close()
@@ -454,7 +484,8 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
       val s = p.getStore(v, None, false, false); put(s, v, v); if (v == 2) remove(s, 0); s.commit(); p.doMaintenance()
     }
     val feed = p.getStateStoreChangeDataReader(2, 3, None, None).map { case (t, k, v, batch) =>
-      (if (t == RecordType.PUT_RECORD) "PUT" else if (t == RecordType.DELETE_RECORD) "DELETE" else t.toString, k.getLong(0), Option(v).map(_.getLong(0)), batch)
+      (if (t == RecordType.PUT_RECORD) "PUT" else if (t == RecordType.DELETE_RECORD) "DELETE" else t.toString,
+        k.getLong(0), Option(v).map(_.getLong(0)), batch)
     }.toList
     assert(feed.sortBy(x => (x._4, x._2)) == List(("PUT", 1L, Some(1L), 1L), ("DELETE", 0L, None, 2L),
       ("PUT", 2L, Some(2L), 2L)))

@@ -172,7 +172,8 @@ class LazyLoadSuite extends AnyFunSuite {
       Interval -> (1 + rng.nextInt(4)).toString,
       "spark.sql.streaming.stateStore.heapstate.undoVersions" -> rng.nextInt(4).toString,
       "spark.sql.streaming.stateStore.heapstate.snapshotBucketBytes" -> Seq("64", "128", "512")(rng.nextInt(3)),
-      "spark.sql.streaming.stateStore.heapstate.compressionCodec" -> Codec.all(rng.nextInt(Codec.all.size)).name)
+      "spark.sql.streaming.stateStore.heapstate.compressionCodec" -> Codec.all(rng.nextInt(Codec.all.size)).name
+    )
     val keySpace = 500 + rng.nextInt(1500)
     var p: StateStoreProvider = provider(root, confs, minVersionsToRetain = minRetain)
     val committed = mutable.Map[Long, Map[Long, Long]](0L -> Map.empty)
@@ -192,7 +193,9 @@ class LazyLoadSuite extends AnyFunSuite {
           }
           "puts"
         } else if (roll < 55) {
-          for (_ <- 0 until 1 + rng.nextInt(10)) { val k = rng.nextInt(keySpace).toLong; remove(store, k); working -= k }
+          for (_ <- 0 until 1 + rng.nextInt(10)) {
+            val k = rng.nextInt(keySpace).toLong; remove(store, k); working -= k
+          }
           "removes"
         } else if (roll < 72) {
           assert(store.commit() == version + 1)
@@ -223,11 +226,13 @@ class LazyLoadSuite extends AnyFunSuite {
         assert(get(store, k) == working.get(k), s"seed $seed, step $step ($what), version $version: get($k)")
       }
       assert(store.metrics.numKeys == working.size, s"seed $seed, step $step ($what), version $version: numKeys")
-      if (step % 50 == 0) assert(contents(store) == working, s"seed $seed, step $step ($what), version $version: contents")
+      if (step % 50 == 0)
+        assert(contents(store) == working, s"seed $seed, step $step ($what), version $version: contents")
     }
     assert(sawPending > steps / 20, s"seed $seed: only $sawPending steps saw a state still loading")
     val fresh = provider(root, confs, minVersionsToRetain = minRetain)
-    for ((v, state) <- committed) assert(contents(fresh.getReadStore(v, None)) == state, s"seed $seed: fresh read of version $v")
+    for ((v, state) <- committed)
+      assert(contents(fresh.getReadStore(v, None)) == state, s"seed $seed: fresh read of version $v")
   }
 
   /** The state of `tests/scala-resources/format1`, made by the format-1 heapstate: see `model1`. */
@@ -237,7 +242,8 @@ class LazyLoadSuite extends AnyFunSuite {
     dir.mkdirs()
     for (name <- Seq("1.hs-journal", "2.hs-journal", "3.hs-journal", "3.hs-snapshot", "4.hs-journal", "5.hs-journal")) {
       val in = getClass.getResourceAsStream(s"/format1/$name")
-      try Files.copy(in, new java.io.File(dir, name).toPath, StandardCopyOption.REPLACE_EXISTING) finally in.close()
+      try Files.copy(in, new java.io.File(dir, name).toPath, StandardCopyOption.REPLACE_EXISTING)
+      finally in.close()
     }
     root
   }
@@ -310,7 +316,8 @@ class LazyLoadSuite extends AnyFunSuite {
     val journal8 = files.list().find(f => f.kind == Journal && f.version == 8).get
     val records = mutable.ArrayBuffer.empty[Either[Array[Byte], (Array[Byte], Array[Byte])]]
     val delta = files.read(journal8)((k, v) => records += Right((k, v)), k => records += Left(k)).keyDelta.get
-    files.writeJournal(8, Codec.Zstd, None, None, delta + 1)(w => records.foreach(_.fold(w.delete, kv => w.put(kv._1, kv._2))))
+    files.writeJournal(8, Codec.Zstd, None, None, delta + 1)(w =>
+      records.foreach(_.fold(w.delete, kv => w.put(kv._1, kv._2))))
     val p = provider(root, confs)
     val store = p.getStore(8, None, false, false)
     assert(store.metrics.numKeys == model.size + 1) // what the counts say, until every bucket is in
@@ -326,7 +333,8 @@ class LazyLoadSuite extends AnyFunSuite {
     var p = provider(root, confs, prefixScan = true)
     for (v <- 1 to 3) {
       val s = p.getStore(v - 1L, None, false, false)
-      for (g <- 0 until 50; t <- 0 until 4) s.put(prefixKey(s"g$g", t * 10L + v), row(g * 100L + t), StateStore.DEFAULT_COL_FAMILY_NAME)
+      for (g <- 0 until 50; t <- 0 until 4)
+        s.put(prefixKey(s"g$g", t * 10L + v), row(g * 100L + t), StateStore.DEFAULT_COL_FAMILY_NAME)
       s.commit()
       if (v == 2) p.doMaintenance()
     }

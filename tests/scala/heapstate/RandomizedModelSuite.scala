@@ -24,7 +24,9 @@ class RandomizedModelSuite extends AnyFunSuite {
     val confs = Map(
       "spark.sql.streaming.stateStore.heapstate.compactionInterval" -> (1 + rng.nextInt(5)).toString,
       "spark.sql.streaming.stateStore.heapstate.undoVersions" -> rng.nextInt(4).toString,
-      "spark.sql.streaming.stateStore.heapstate.compressionCodec" -> Seq("zstd", "lz4", "snappy", "none")(rng.nextInt(4)))
+      "spark.sql.streaming.stateStore.heapstate.compressionCodec" -> Seq("zstd", "lz4", "snappy", "none")(
+        rng.nextInt(4))
+    )
     val keySpace = 20 + rng.nextInt(300)
     var p = provider(root, confs, minVersionsToRetain = minRetain)
     // committed(v) = the state at version v of the current lineage

@@ -90,7 +90,8 @@ class SnapshotPacerSuite extends AnyFunSuite {
     }
     val share = rig.cpu.toDouble / rig.now
     assert(share >= 1.0 / 9 - 0.01 && share <= 1.0 / 3, s"work share $share over ${rig.now / Ms} ms and $writes writes")
-    assert(rig.parks.count(_ == Ms).toDouble * Ms <= 2.0 / 3 * rig.now + Ms, "waited for the tasks more than two thirds of the time")
+    assert(rig.parks.count(_ == Ms).toDouble * Ms <= 2.0 / 3 * rig.now + Ms,
+      "waited for the tasks more than two thirds of the time")
   }
 
   test("a snapshot gives up at its next pause when a task needs the state, before or after resting") {
@@ -135,11 +136,13 @@ class SnapshotPacerSuite extends AnyFunSuite {
     intercept[IllegalArgumentException](new SnapshotPacer(1.5, () => false))
   }
 
-  test("a store's report to Spark's coordinator is counted as part of its commit, which a background snapshot yields to") {
+  test(
+    "a store's report to Spark's coordinator is counted as part of its commit, which a background snapshot yields to") {
     import StoreFixture._
     val p = provider(tempDir(), Map("spark.sql.streaming.stateStore.commitValidation.enabled" -> "true"))
     val reports = scala.collection.mutable.ArrayBuffer.empty[(Long, Int)]
-    p.reportCommit = (version, id, _) => { assert(id.partitionId == 0); reports += ((version, StateEngine.commitsRunning)) }
+    p.reportCommit =
+      (version, id, _) => { assert(id.partitionId == 0); reports += ((version, StateEngine.commitsRunning)) }
     for (v <- 0 until 3) {
       val s = p.getStore(v.toLong, None, false, false)
       put(s, v.toLong, v.toLong)
@@ -156,7 +159,8 @@ class SnapshotPacerSuite extends AnyFunSuite {
     p.close()
   }
 
-  test("StateEngine counts the commits running, which is what a real pacer waits on; a failed commit is not left counted") {
+  test(
+    "StateEngine counts the commits running, which is what a real pacer waits on; a failed commit is not left counted") {
     import StoreFixture._
     val root = tempDir()
     // No snapshot falls due in 21 versions: a background one would write into the store's
@@ -189,7 +193,8 @@ class SnapshotPacerSuite extends AnyFunSuite {
     p.close()
   }
 
-  test("one paced snapshot writes at a time in the JVM, though both heapstate's thread and Spark's maintenance thread write them") {
+  test(
+    "one paced snapshot writes at a time in the JVM, though both heapstate's thread and Spark's maintenance thread write them") {
     import StoreFixture._
     // Two stores with snapshots due at once: each commit queues its store's snapshot for the
     // snapshot thread, and "maintenance" on two more threads takes over whichever is still
@@ -209,27 +214,32 @@ class SnapshotPacerSuite extends AnyFunSuite {
     start.countDown()
     maintenance.foreach(_.join())
     for (part <- 0 to 1) {
-      assert(new java.io.File(storeDir(root, part), "2.hs-snapshot").isFile, s"partition $part has no snapshot of version 2")
+      assert(new java.io.File(storeDir(root, part), "2.hs-snapshot").isFile,
+        s"partition $part has no snapshot of version 2")
       val reopened = provider(root, partition = part)
-      assert(contents(reopened.getReadStore(2)) == ((0 until 300000).map(k => k.toLong -> (k * 7L + (if (k < 10) 1 else 0))).toMap))
+      assert(contents(reopened.getReadStore(2)) == ((0 until 300000).map(k =>
+        k.toLong -> (k * 7L + (if (k < 10) 1 else 0))).toMap))
       reopened.close()
     }
     assert(StateEngine.mostSnapshotsAtOnce == 1, "two paced snapshots wrote at the same time")
     stores.foreach(_.close())
   }
 
-  test("a snapshot waiting for the permit gives up when it is no longer wanted, or when its thread is interrupted (leaving the flag set)") {
+  test(
+    "a snapshot waiting for the permit gives up when it is no longer wanted, or when its thread is interrupted (leaving the flag set)") {
     // The permit is taken by a "snapshot" that runs until the test lets it go.
     val holding = new java.util.concurrent.CountDownLatch(1)
     val release = new java.util.concurrent.CountDownLatch(1)
-    val holder = new Thread(() => StateEngine.oneSnapshotAtATime(() => true) { holding.countDown(); release.await(); None })
+    val holder =
+      new Thread(() => StateEngine.oneSnapshotAtATime(() => true) { holding.countDown(); release.await(); None })
     holder.start()
     holding.await()
     val wanted = new java.util.concurrent.atomic.AtomicBoolean(true)
     val ran = new java.util.concurrent.atomic.AtomicBoolean(false)
     val results = new java.util.concurrent.ConcurrentLinkedQueue[Option[Int]]()
     val flagged = new java.util.concurrent.atomic.AtomicBoolean(false)
-    val unwanted = new Thread(() => results.add(StateEngine.oneSnapshotAtATime(() => wanted.get) { ran.set(true); Some(1) }))
+    val unwanted =
+      new Thread(() => results.add(StateEngine.oneSnapshotAtATime(() => wanted.get) { ran.set(true); Some(1) }))
     val interrupted = new Thread(() => {
       results.add(StateEngine.oneSnapshotAtATime(() => true) { ran.set(true); Some(2) })
       flagged.set(Thread.currentThread().isInterrupted)

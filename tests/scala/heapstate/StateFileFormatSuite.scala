@@ -35,8 +35,15 @@ class StateFileFormatSuite extends AnyFunSuite {
   /** Reads through `readEntries`, splitting each entry back into key and value. */
   private def readAsEntries(bytes: Array[Byte]): Seq[(Seq[Byte], Option[Seq[Byte]])] = {
     val got = Seq.newBuilder[(Seq[Byte], Option[Seq[Byte]])]
-    StateFileReader.readEntries(new ByteArrayInputStream(bytes), bytes.length, path, 7, StateFileFormat.KindJournal,
-      e => got += ((engine.Entry.key(e).toSeq, Some(engine.Entry.value(e).toSeq))), k => got += ((k.toSeq, None)))
+    StateFileReader.readEntries(
+      new ByteArrayInputStream(bytes),
+      bytes.length,
+      path,
+      7,
+      StateFileFormat.KindJournal,
+      e => got += ((engine.Entry.key(e).toSeq, Some(engine.Entry.value(e).toSeq))),
+      k => got += ((k.toSeq, None))
+    )
     got.result()
   }
 
@@ -98,7 +105,8 @@ class StateFileFormatSuite extends AnyFunSuite {
     assertRejected(bytes.take(10), "truncated")
     val badMagic = bytes.clone(); badMagic(0) = 'X'.toByte
     assertRejected(badMagic, "magic number")
-    val badBody = bytes.clone(); badBody(StateFileFormat.HeaderBytes + 5) = (badBody(StateFileFormat.HeaderBytes + 5) ^ 0xff).toByte
+    val badBody = bytes.clone();
+    badBody(StateFileFormat.HeaderBytes + 5) = (badBody(StateFileFormat.HeaderBytes + 5) ^ 0xff).toByte
     intercept[StateFileException](read(badBody))
     assertRejected(write(Codec.Zstd, records, version = 8), "name says version 7")
   }
@@ -106,9 +114,11 @@ class StateFileFormatSuite extends AnyFunSuite {
   private val snapshotPath = new Path("/tmp/x/7.hs-snapshot")
 
   /** A format-2 snapshot of `entries` (key, value), in buckets of `bucketBytes`. */
-  private def writeSnapshot(codec: Codec, entries: Seq[(Array[Byte], Array[Byte])], bucketBytes: Int = 64): Array[Byte] = {
+  private def writeSnapshot(
+      codec: Codec, entries: Seq[(Array[Byte], Array[Byte])], bucketBytes: Int = 64): Array[Byte] = {
     val out = new ByteArrayOutputStream()
-    val w = new SnapshotFileWriter(out, StateFileFormat.Header(StateFileFormat.KindSnapshot, codec, 7, 3), bucketBytes, _ => ())
+    val w = new SnapshotFileWriter(out, StateFileFormat.Header(StateFileFormat.KindSnapshot, codec, 7, 3), bucketBytes,
+      _ => ())
     entries.foreach { case (k, v) => w.put(k, v) }
     assert(w.finish() == out.size())
     out.toByteArray
@@ -117,8 +127,15 @@ class StateFileFormatSuite extends AnyFunSuite {
   private def readSnapshot(bytes: Array[Byte]): (Map[Seq[Byte], Seq[Byte]], FileSummary) = {
     val got = Map.newBuilder[Seq[Byte], Seq[Byte]]
     var count = 0
-    val summary = StateFileReader.read(new ByteArrayInputStream(bytes), bytes.length, snapshotPath, 7,
-      StateFileFormat.KindSnapshot, (k, v) => { got += k.toSeq -> v.toSeq; count += 1 }, _ => fail("a delete in a snapshot"))
+    val summary = StateFileReader.read(
+      new ByteArrayInputStream(bytes),
+      bytes.length,
+      snapshotPath,
+      7,
+      StateFileFormat.KindSnapshot,
+      (k, v) => { got += k.toSeq -> v.toSeq; count += 1 },
+      _ => fail("a delete in a snapshot")
+    )
     assert(count == summary.records)
     (got.result(), summary)
   }
@@ -157,7 +174,8 @@ class StateFileFormatSuite extends AnyFunSuite {
         damaged(pos) = (damaged(pos) ^ (1 << bit)).toByte
         val e = intercept[StateFileException](readSnapshot(damaged))
         assert(e.getMessage.contains(snapshotPath.toString))
-        intercept[StateFileException](StateFileReader.openSnapshot(new ByteArrayInputStream(damaged), damaged.length, snapshotPath, 7))
+        intercept[StateFileException](StateFileReader.openSnapshot(new ByteArrayInputStream(damaged), damaged.length,
+            snapshotPath, 7))
       }
     }
   }
@@ -183,7 +201,8 @@ class StateFileFormatSuite extends AnyFunSuite {
   /** Opens the snapshot in `file` as a restart does on a local disk: header from a stream, body mapped. */
   private def openMapped(file: java.io.File, length: Long): SnapshotBuckets = {
     val in = new java.io.FileInputStream(file)
-    try StateFileReader.openSnapshot(in, length, snapshotPath, 7, Some(file)).get finally in.close()
+    try StateFileReader.openSnapshot(in, length, snapshotPath, 7, Some(file)).get
+    finally in.close()
   }
 
   test("a snapshot opened from a local file is mapped, and its buckets read as the same ones read from a stream") {
@@ -194,13 +213,15 @@ class StateFileFormatSuite extends AnyFunSuite {
     val mapped = openMapped(tempFile(bytes), bytes.length)
     try {
       assert(!fromStream.isMapped && mapped.isMapped)
-      assert(mapped.keyCount == 20000 && mapped.buckets == fromStream.buckets && mapped.heldBytes == fromStream.heldBytes)
+      assert(
+        mapped.keyCount == 20000 && mapped.buckets == fromStream.buckets && mapped.heldBytes == fromStream.heldBytes)
       val got = allBuckets(mapped)
       assert(got == allBuckets(fromStream))
       assert(got.toMap == entries.map { case (k, v) => k.toSeq -> v.toSeq }.toMap)
       val key = "key-12345".getBytes("UTF-8")
       val hash = engine.Key.hash(key, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.length)
-      val found = mapped.find(mapped.bucketOf(hash), key, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.length)
+      val found =
+        mapped.find(mapped.bucketOf(hash), key, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.length)
       assert(engine.Entry.value(found).toSeq == entries(12345)._2.toSeq)
     } finally { fromStream.close(); mapped.close() }
   }
@@ -212,7 +233,8 @@ class StateFileFormatSuite extends AnyFunSuite {
       java.nio.file.Files.write(file.toPath, content)
       intercept[StateFileException] {
         val buckets = openMapped(file, listedLength)
-        try allBuckets(buckets) finally buckets.close()
+        try allBuckets(buckets)
+        finally buckets.close()
       }
     }
     for (len <- 0 until bytes.length) assert(rejected(bytes.take(len), len).getMessage.contains(snapshotPath.toString))
@@ -232,15 +254,20 @@ class StateFileFormatSuite extends AnyFunSuite {
     val buckets = openMapped(file, bytes.length)
     try {
       val raf = new java.io.RandomAccessFile(file, "rw")
-      try raf.getChannel.truncate(StateFileFormat.HeaderBytes.toLong) finally raf.close()
+      try raf.getChannel.truncate(StateFileFormat.HeaderBytes.toLong)
+      finally raf.close()
       // The last bucket lies pages past the new end: reading its mapping faults, which the JVM
       // reports as an InternalError; the first lies in the one page left, read as zeros.
       val last = buckets.buckets - 1
       val faulted = intercept[StateFileException](buckets.read(last)((_, _) => ()))
-      assert(faulted.getMessage.contains(snapshotPath.toString) && faulted.getMessage.contains(s"bucket $last: ") &&
-        faulted.getMessage.contains("mapped bytes cannot be read"), faulted.getMessage)
+      assert(
+        faulted.getMessage.contains(snapshotPath.toString) && faulted.getMessage.contains(s"bucket $last: ") &&
+          faulted.getMessage.contains("mapped bytes cannot be read"),
+        faulted.getMessage
+      )
       val zeroed = intercept[StateFileException](buckets.read(0)((_, _) => ()))
-      assert(zeroed.getMessage.contains(snapshotPath.toString) && zeroed.getMessage.contains("bucket 0: "), zeroed.getMessage)
+      assert(zeroed.getMessage.contains(snapshotPath.toString) && zeroed.getMessage.contains("bucket 0: "),
+        zeroed.getMessage)
     } finally buckets.close()
   }
 
@@ -249,7 +276,8 @@ class StateFileFormatSuite extends AnyFunSuite {
     val bytes = writeSnapshot(Codec.Zstd, entries)
     val file = tempFile(bytes)
     val dir = new Path(file.getParentFile.toURI)
-    val listed = StateFileNames.StateFile(7, StateFileNames.Snapshot, new Path(dir, file.getName), bytes.length, None, None)
+    val listed =
+      StateFileNames.StateFile(7, StateFileNames.Snapshot, new Path(dir, file.getName), bytes.length, None, None)
     def open(conf: org.apache.hadoop.conf.Configuration): SnapshotBuckets =
       new StateFiles(dir, conf, 3).openSnapshot(listed).get
     val local = open(new org.apache.hadoop.conf.Configuration())
@@ -298,7 +326,8 @@ class StateFileFormatSuite extends AnyFunSuite {
 
   test("a zstd stream longer than many input buffers round-trips, however it is written") {
     val random = new java.util.Random(5)
-    val data = Array.tabulate[Byte](DirectZstdOutput.InputBytes * 5 + 77)(i => if (i % 5 == 0) random.nextInt(256).toByte else (i % 11).toByte)
+    val data = Array.tabulate[Byte](DirectZstdOutput.InputBytes * 5 + 77)(i =>
+      if (i % 5 == 0) random.nextInt(256).toByte else (i % 11).toByte)
     val sink = new ByteArrayOutputStream()
     val z = Codec.Zstd.compress(sink)
     var at = 0
@@ -351,7 +380,10 @@ class StateFileFormatSuite extends AnyFunSuite {
     }
     val broken = Codec.Zstd.compress(failing)
     val big = data(DirectZstdOutput.InputBytes * 2)
-    intercept[java.io.IOException] { try broken.write(big, 0, big.length) finally broken.close() }
+    intercept[java.io.IOException] {
+      try broken.write(big, 0, big.length)
+      finally broken.close()
+    }
     assert(DirectZstdOutput.idleKits == 3, "the failed stream's kit was taken and not given back")
     (1 to 5).foreach(i => roundTrip(data(777 * i)))
   }
@@ -379,7 +411,8 @@ class StateFileFormatSuite extends AnyFunSuite {
   test("files of format 1 are read: journals without a key delta, snapshots as one stream") {
     def resource(name: String): Array[Byte] = {
       val in = getClass.getResourceAsStream(s"/format1/$name")
-      try in.readAllBytes() finally in.close()
+      try in.readAllBytes()
+      finally in.close()
     }
     val journal = resource("5.hs-journal")
     val j = StateFileReader.read(new ByteArrayInputStream(journal), journal.length, new Path("/x/5.hs-journal"), 5,
@@ -387,10 +420,18 @@ class StateFileFormatSuite extends AnyFunSuite {
     assert(j.header.format == 1 && j.keyDelta.isEmpty && j.records > 0)
     val snapshot = resource("3.hs-snapshot")
     var keys = 0
-    val s = StateFileReader.read(new ByteArrayInputStream(snapshot), snapshot.length, new Path("/x/3.hs-snapshot"), 3,
-      StateFileFormat.KindSnapshot, (_, _) => keys += 1, _ => fail("a delete in a snapshot"))
+    val s = StateFileReader.read(
+      new ByteArrayInputStream(snapshot),
+      snapshot.length,
+      new Path("/x/3.hs-snapshot"),
+      3,
+      StateFileFormat.KindSnapshot,
+      (_, _) => keys += 1,
+      _ => fail("a delete in a snapshot")
+    )
     assert(s.header.format == 1 && keys == s.records && keys > 0)
-    assert(StateFileReader.openSnapshot(new ByteArrayInputStream(snapshot), snapshot.length, new Path("/x/3.hs-snapshot"), 3).isEmpty)
+    assert(StateFileReader.openSnapshot(new ByteArrayInputStream(snapshot), snapshot.length,
+        new Path("/x/3.hs-snapshot"), 3).isEmpty)
   }
 
   test("file names parse and reject strangers") {
@@ -402,12 +443,24 @@ class StateFileFormatSuite extends AnyFunSuite {
     assert(StateFileNames.parse(s"1_$a.hs-journal").contains(Name(1L, Journal, Some(a), None)))
     assert(StateFileNames.parse(s"10_$a.hs-snapshot").contains(Name(10L, Snapshot, Some(a), None)))
     val dir = new org.apache.hadoop.fs.Path("/x")
-    for (n <- Seq(Name(12L, Journal, Some(a), Some(b)), Name(1L, Journal, Some(a), None), Name(3L, Journal, None, None))) {
+    for (n <-
+        Seq(Name(12L, Journal, Some(a), Some(b)), Name(1L, Journal, Some(a), None), Name(3L, Journal, None, None))) {
       assert(StateFileNames.parse(StateFileNames.journal(dir, n.version, n.id, n.base).getName).contains(n))
     }
-    Seq("12.delta", "10.snapshot", ".12.hs-journal.tmp", "x.hs-journal", ".hs-journal", "-1.hs-journal",
-      s"10_${a}_$b.hs-snapshot", s"12_${a}_${b}_$a.hs-journal", "12_.hs-journal", "12__x.hs-journal", "12_a b.hs-journal",
-      "12_x.y.hs-journal")
+    Seq(
+      "12.delta",
+      "10.snapshot",
+      ".12.hs-journal.tmp",
+      "x.hs-journal",
+      ".hs-journal",
+      "-1.hs-journal",
+      s"10_${a}_$b.hs-snapshot",
+      s"12_${a}_${b}_$a.hs-journal",
+      "12_.hs-journal",
+      "12__x.hs-journal",
+      "12_a b.hs-journal",
+      "12_x.y.hs-journal"
+    )
       .foreach(n => assert(StateFileNames.parse(n).isEmpty, n))
   }
 }

@@ -23,7 +23,7 @@ object StoreFixture {
   val valueSchema: StructType = StructType(Seq(StructField("v", LongType, nullable = false)))
   /** For prefix scans: (group string, session start long), prefix = group. */
   val prefixKeySchema: StructType = StructType(Seq(
-    StructField("g", StringType, nullable = false), StructField("t", LongType, nullable = false)))
+      StructField("g", StringType, nullable = false), StructField("t", LongType, nullable = false)))
 
   private val longProj = UnsafeProjection.create(Array[DataType](LongType))
   private val prefixKeyProj = UnsafeProjection.create(Array[DataType](StringType, LongType))
@@ -85,7 +85,8 @@ object StoreFixture {
     val logger = LogManager.getLogger(of).asInstanceOf[Logger]
     val lines = new ConcurrentLinkedQueue[(String, String)]()
     val appender = new AbstractAppender(s"heapstate-test-${of.getSimpleName}", null, null, true, Property.EMPTY_ARRAY) {
-      override def append(event: LogEvent): Unit = lines.add(event.getLevel.name -> event.getMessage.getFormattedMessage)
+      override def append(event: LogEvent): Unit =
+        lines.add(event.getLevel.name -> event.getMessage.getFormattedMessage)
     }
     appender.start()
     logger.addAppender(appender)

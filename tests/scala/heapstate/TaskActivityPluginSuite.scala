@@ -87,7 +87,7 @@ class TaskActivityPluginSuite extends AnyFunSuite with BeforeAndAfterAll {
     Seen.clear(); Busy.clear()
     val failed = intercept[Exception](runTwoAtOnce(tasks = 2, failOn = 1))
     assert(Iterator.iterate(failed: Throwable)(_.getCause).takeWhile(_ != null)
-      .exists(e => String.valueOf(e.getMessage).contains("the test fails task 1")), failed)
+        .exists(e => String.valueOf(e.getMessage).contains("the test fails task 1")), failed)
     awaitNoneCounted()
   }
 

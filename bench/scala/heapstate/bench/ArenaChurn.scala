@@ -31,7 +31,8 @@ object ArenaChurn {
     val (appendRun, appendPeriod) = opts.get("append").map { given =>
       given.split("/").map(_.toIntOption) match {
         case Array(Some(a), Some(p)) if p >= 1 && a >= 0 && a <= p && commits >= 2 * p => (a, p)
-        case _ => sys.error(s"--append $given: give A/P with 0 <= A <= P and P at most half of --commits ($commits), such as 3/10")
+        case _ => sys.error(
+            s"--append $given: give A/P with 0 <= A <= P and P at most half of --commits ($commits), such as 3/10")
       }
     }.getOrElse((if (inPlace) 0 else 1, 1))
     val micros = new Array[Long](commits)
@@ -54,12 +55,16 @@ object ArenaChurn {
         val at = (commits / 2 until commits).filter(_ % appendPeriod == k).map(micros(_)).sorted
         f"${at(at.length / 2) / 1000.0}%.2f"
       }
-      println(s"commit (second half) by position in each $appendPeriod, medians in ms, the first $appendRun appending: ${byPosition.mkString(" ")}")
+      println(
+        s"commit (second half) by position in each $appendPeriod, medians in ms, the first $appendRun appending: ${byPosition.mkString(" ")}")
     }
-    println(f"moved by compaction (second half): ${moved.drop(commits / 2).sum.toDouble / (commits - commits / 2) / 1e6}%.2f MB a commit")
+    println(
+      f"moved by compaction (second half): ${moved.drop(commits / 2).sum.toDouble / (commits - commits / 2) / 1e6}%.2f MB a commit")
     System.gc(); System.gc()
     val heapUsed = java.lang.management.ManagementFactory.getMemoryMXBean.getHeapMemoryUsage.getUsed
-    println(f"page size ${heapstate.engine.EntryTable.PageBytes}%,d bytes; heap used after a full GC ${heapUsed / 1e6}%.1f MB")
-    println(f"memoryBytes ${live.memoryBytes / 1e6}%.1f MB for $entryBytes%,d bytes of entries (${live.memoryBytes.toDouble / entryBytes}%.3fx)")
+    println(
+      f"page size ${heapstate.engine.EntryTable.PageBytes}%,d bytes; heap used after a full GC ${heapUsed / 1e6}%.1f MB")
+    println(
+      f"memoryBytes ${live.memoryBytes / 1e6}%.1f MB for $entryBytes%,d bytes of entries (${live.memoryBytes.toDouble / entryBytes}%.3fx)")
   }
 }

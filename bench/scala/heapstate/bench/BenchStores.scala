@@ -20,7 +20,8 @@ object BenchStores {
     Provider("hdfs", "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider", Map.empty),
     Provider("rocksdb-changelog", RocksDB, Map(Changelog -> "true")),
     Provider("rocksdb", RocksDB, Map(Changelog -> "false")),
-    Provider("heapstate", "heapstate.HeapStateStoreProvider", Map.empty))
+    Provider("heapstate", "heapstate.HeapStateStoreProvider", Map.empty)
+  )
 
   /** The `java` of this JVM, for benchmarks that run each provider in a JVM of its own. */
   def javaBin: String = java.nio.file.Paths.get(System.getProperty("java.home"), "bin", "java").toString
@@ -45,11 +46,13 @@ object BenchStores {
   /** The providers named by `--providers` (comma-separated), or all of them. */
   def chosen(opts: Map[String, String]): Seq[Provider] =
     opts.get("providers").map(_.split(",").toSeq.map(_.trim).filter(_.nonEmpty)).getOrElse(Providers.map(_.name))
-      .map(n => Providers.find(_.name == n).getOrElse(
-        sys.error(s"--providers: unknown provider $n; choose from ${Providers.map(_.name).mkString(", ")}")))
+      .map(n =>
+        Providers.find(_.name == n).getOrElse(
+          sys.error(s"--providers: unknown provider $n; choose from ${Providers.map(_.name).mkString(", ")}")))
 
   /** When this run started, as the Python benchmarks stamp their reports. */
-  val stamp: String = java.time.LocalDateTime.now.format(java.time.format.DateTimeFormatter.ofPattern("yyyyMMdd-HHmmss"))
+  val stamp: String =
+    java.time.LocalDateTime.now.format(java.time.format.DateTimeFormatter.ofPattern("yyyyMMdd-HHmmss"))
 
   /** The commit the benchmark ran at and whether the work tree had changes, for the report. */
   def gitState(): java.util.Map[String, AnyRef] = {

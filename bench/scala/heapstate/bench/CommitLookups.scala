@@ -50,7 +50,8 @@ object CommitLookups {
         ks.foreach(k => changes.put(k, Entry(k.bytes, store.value())))
         val started = threads.getCurrentThreadCpuTime
         live.applyCommit(live.prepareCommit(changes), live.version - 1, inPlace = true)
-        if (v > versions / 4) times += (threads.getCurrentThreadCpuTime - started) / 1e6 // the first quarter warms the JIT up
+        if (v > versions / 4)
+          times += (threads.getCurrentThreadCpuTime - started) / 1e6 // the first quarter warms the JIT up
         changes.release()
       }
       keys -> BenchStores.median(times.toSeq)
@@ -59,7 +60,8 @@ object CommitLookups {
     println(s"prepare + apply of $updates updates, CPU ms a commit (median), $storeCount stores taking turns, " +
       s"$versions versions each (the first quarter not counted); JVM options: $jvmOptions")
     results.foreach { case (keys, ms) => println(f"$keys%12d keys a store: $ms%.3f ms") }
-    if (results.size >= 2) println(f"growth, ${results.last._1} keys over ${results.head._1}: ${results.last._2 / results.head._2}%.2fx")
+    if (results.size >= 2)
+      println(f"growth, ${results.last._1} keys over ${results.head._1}: ${results.last._2 / results.head._2}%.2fx")
     require(sink != 42) // keeps the reads
   }
 }

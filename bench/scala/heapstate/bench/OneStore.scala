@@ -54,5 +54,6 @@ private[bench] object OneStore {
 
   /** A store of `--keys` keys (250,000: a quarter of W1's) with `--value-bytes` value rows. */
   def apply(opts: Map[String, String], defaultValueBytes: Int): OneStore =
-    new OneStore(opts.getOrElse("keys", "250000").toInt, opts.getOrElse("value-bytes", defaultValueBytes.toString).toInt)
+    new OneStore(opts.getOrElse("keys", "250000").toInt,
+      opts.getOrElse("value-bytes", defaultValueBytes.toString).toInt)
 }

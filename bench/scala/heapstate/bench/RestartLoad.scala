@@ -75,8 +75,10 @@ object RestartLoad {
     val updates = opts.getOrElse("updates", "10000").toInt
     val runs = opts.getOrElse("runs", "3").toInt
     val after = opts.getOrElse("after", "0").toInt
-    require(keys >= Partitions && journals >= 0 && updates >= Partitions && runs >= 1 && after >= 0,
-      s"--keys and --updates must be at least $Partitions, --journals and --after at least 0, --runs at least 1")
+    require(
+      keys >= Partitions && journals >= 0 && updates >= Partitions && runs >= 1 && after >= 0,
+      s"--keys and --updates must be at least $Partitions, --journals and --after at least 0, --runs at least 1"
+    )
     // RocksDB's restart is measured by W1; this probe compares the two heap providers' loads.
     val providers = chosen(opts + ("providers" -> opts.getOrElse("providers", "hdfs,heapstate")))
     val stage = opts.getOrElse("stage", "full")
@@ -85,7 +87,8 @@ object RestartLoad {
       s"--stage $stage looks inside heapstate's load; run it with --providers heapstate")
     opts.get("phase") match {
       case Some("build") => build(providers.head, opts("root"), keys, journals, updates)
-      case Some("load") => load(providers.head, opts("root"), journals + 1, stage, keys / Partitions, updates, after, opts("out"))
+      case Some("load") =>
+        load(providers.head, opts("root"), journals + 1, stage, keys / Partitions, updates, after, opts("out"))
       case _ =>
         val root = Files.createTempDirectory("restart-load")
         val walls = mutable.LinkedHashMap.empty[String, Seq[Long]]
@@ -93,10 +96,19 @@ object RestartLoad {
           for (p <- providers) {
             val dir = root.resolve(p.name).toString
             def phase(name: String, heap: Seq[String], checkpoint: String, extra: String*): Unit = {
+              val options = Seq(
+                "--phase" -> name,
+                "--providers" -> p.name,
+                "--root" -> checkpoint,
+                "--keys" -> keys.toString,
+                "--journals" -> journals.toString,
+                "--updates" -> updates.toString,
+                "--stage" -> stage,
+                "--after" -> after.toString
+              )
               val cmd = Seq(javaBin) ++ heap ++ jvmOpens ++
-                Seq("-cp", System.getProperty("java.class.path"), "heapstate.bench.RestartLoad", "--phase", name,
-                  "--providers", p.name, "--root", checkpoint, "--keys", keys.toString, "--journals", journals.toString,
-                  "--updates", updates.toString, "--stage", stage, "--after", after.toString) ++ extra
+                Seq("-cp", System.getProperty("java.class.path"), "heapstate.bench.RestartLoad") ++
+                options.flatMap { case (k, v) => Seq(k, v) } ++ extra
               val code = new ProcessBuilder(cmd: _*).inheritIO().start().waitFor()
               if (code != 0) sys.error(s"the ${p.name} $name phase failed with exit code $code")
             }
@@ -121,8 +133,9 @@ object RestartLoad {
 
   private def report(
       walls: mutable.LinkedHashMap[String, Seq[Long]], keys: Int, journals: Int, updates: Int, stage: String): Unit = {
-    println(f"%nRestart load: K=$keys%,d in $Partitions partitions, version 1 + $journals journals of $updates%,d updates; " +
-      s"fresh JVM, two loading threads" + (if (stage == "full") "" else s"; heapstate's load up to stage '$stage'"))
+    println(
+      f"%nRestart load: K=$keys%,d in $Partitions partitions, version 1 + $journals journals of $updates%,d updates; " +
+        s"fresh JVM, two loading threads" + (if (stage == "full") "" else s"; heapstate's load up to stage '$stage'"))
     val base = walls.get("hdfs").map(ws => median(ws))
     println(f"${"provider"}%-18s ${"median ms"}%10s ${"vs hdfs"}%8s  runs")
     for ((name, ws) <- walls) {
@@ -236,7 +249,8 @@ object RestartLoad {
     // read first, as an aggregation reads its state.
     def batch(b: Int): Long = (0 until Partitions).map { part =>
       pool.submit(new Callable[Long] {
-        def call(): Long = if (stage != "full") loadStage(root, part, stage, keysPerPartition) else {
+        def call(): Long = if (stage != "full") loadStage(root, part, stage, keysPerPartition)
+        else {
           val t0 = System.nanoTime()
           if (opened(part) == null) opened(part) = open(p, root, part)
           val store = opened(part).getStore(version + b)
@@ -271,8 +285,9 @@ object RestartLoad {
     val what = if (stage == "parse") "records" else "keys"
     val did = if (stage == "full") "first batch" else "load"
     println(f"${p.name}%-18s $did wall $wall%5d ms (GC pauses $gc%4d ms), $loaded%,d $what" +
-      (if (stage != "full") "" else s"; summed over partitions: init and getStore ${phases(0)} ms, gets and puts " +
-        s"${phases(1)} ms, commit ${phases(2)} ms") +
+      (if (stage != "full") ""
+       else s"; summed over partitions: init and getStore ${phases(0)} ms, gets and puts " +
+         s"${phases(1)} ms, commit ${phases(2)} ms") +
       (if (later.isEmpty) "" else s"; the ${later.size} batches after it: ${later.mkString(", ")} ms"))
     Files.writeString(Paths.get(out), wall.toString)
   }

@@ -29,7 +29,8 @@ object SnapshotView {
       live.writeSnapshotView(1, visitor)
       (System.nanoTime() - started) / 1e6
     })
-    println(s"snapshot view of version 1, ${store.keys} keys, undo entries of $updates updates above it; median of $runs views")
+    println(
+      s"snapshot view of version 1, ${store.keys} keys, undo entries of $updates updates above it; median of $runs views")
     for (above <- 0 to maxAbove) {
       if (above > 0) { // as while a snapshot is written: appended, every undo entry kept
         val changes = store.randomChanges(updates)

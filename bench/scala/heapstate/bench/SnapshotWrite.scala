@@ -38,7 +38,9 @@ object SnapshotWrite {
       for (v <- 1 to 2 * runs) {
         val force = v % 2 == 0
         val store = provider.getStore(v.toLong, None, forceSnapshotOnCommit = force, loadEmpty = false)
-        for (_ <- 0 until updates) { val k = rnd.nextInt(keys).toLong; store.put(RestartLoad.key(k), RestartLoad.value(k, v)) }
+        for (_ <- 0 until updates) {
+          val k = rnd.nextInt(keys).toLong; store.put(RestartLoad.key(k), RestartLoad.value(k, v))
+        }
         val started = System.nanoTime()
         store.commit()
         val ms = (System.nanoTime() - started) / 1000000
@@ -46,7 +48,8 @@ object SnapshotWrite {
         println(s"version ${v + 1}: commit ${if (force) "with a snapshot" else "alone"} $ms ms")
       }
       val (a, s) = (median(plain.result()), median(forced.result()))
-      println(f"%nSnapshot of $keys%,d keys: commit with it $s ms, alone $a ms (medians of $runs): the snapshot ${s - a} ms")
+      println(
+        f"%nSnapshot of $keys%,d keys: commit with it $s ms, alone $a ms (medians of $runs): the snapshot ${s - a} ms")
     } finally {
       provider.close()
       deleteRecursively(root.toFile)

@@ -34,7 +34,8 @@ object UndoHeap {
         val prior = live.get(key)
         val page = live.pageOf(prior)
         val at = live.offsetOf(prior)
-        priorBytes += MemoryModel.liveEntry(page.slice(at, at + Entry.length(page, at))) // the copy the undo log will keep
+        // The copy the undo log will keep.
+        priorBytes += MemoryModel.liveEntry(page.slice(at, at + Entry.length(page, at)))
         changes.put(key, Entry(key.bytes, value()))
       }
       live.applyCommit(live.prepareCommit(changes), 1, inPlace = true) // keeps every undo entry above version 1
@@ -46,7 +47,8 @@ object UndoHeap {
     val records = versions.toLong * updates
     val recordBytes = withUndo - without - priorBytes
     println(f"keys $keys, $versions versions of $updates updates kept: $records undo records")
-    println(f"heap with the undo log ${withUndo / 1e6}%.1f MB, without ${without / 1e6}%.1f MB; prior entries ${priorBytes / 1e6}%.1f MB")
+    println(
+      f"heap with the undo log ${withUndo / 1e6}%.1f MB, without ${without / 1e6}%.1f MB; prior entries ${priorBytes / 1e6}%.1f MB")
     println(f"the records themselves: ${recordBytes / 1e6}%.2f MB, ${recordBytes.toDouble / records}%.1f B per record")
     println(f"memoryUsedBytes counted for the undo log: ${(counted - live.memoryBytes) / 1e6}%.2f MB " +
       f"(${(counted - live.memoryBytes - priorBytes).toDouble / records}%.1f B per record beyond the prior entries)")

@@ -38,7 +38,8 @@ object W2Squashing {
     spark.stop()
     val table = bytes.toMap
     println()
-    println(f"W2 squashing: one version in which each of $keys%,d keys is written m times; bytes it adds to the checkpoint")
+    println(
+      f"W2 squashing: one version in which each of $keys%,d keys is written m times; bytes it adds to the checkpoint")
     println(("m" +: providers.map(_.name)).map(c => f"$c%-24s").mkString(" ") + "   (ratio to hdfs)")
     for (m <- Repeats) {
       val base = table.get(("hdfs", m)).map(_.toDouble)

@@ -40,7 +40,8 @@ object W3StoreOps {
     "small" -> Size(Seq(10000, 100000), 10000, 10000, 1, 3, 3),
     "full" -> Size(Seq(10000, 1000000), 200000, 10000, 3, 5, 10),
     // One store of W5 at K = 1M and 4M (4 partitions): 250K and 1M keys, 2,500 updates a version.
-    "w5-store" -> Size(Seq(250000, 1000000), 200000, 2500, 5, 3, 30))
+    "w5-store" -> Size(Seq(250000, 1000000), 200000, 2500, 5, 3, 30)
+  )
 
   private val CF = StateStore.DEFAULT_COL_FAMILY_NAME
 
@@ -141,12 +142,20 @@ object W3StoreOps {
     var sink = 0L
     val get = opsPerMs { s =>
       var j = 0
-      while (j < ops) { key.setLong(0, existing(j)); val v = s.get(key, CF); if (v != null) sink += v.getLong(0); j += 1 }
+      while (j < ops) {
+        key.setLong(0, existing(j)); val v = s.get(key, CF); if (v != null) sink += v.getLong(0); j += 1
+      }
     }
     if (sink == 42) System.err.println("") // keeps `sink` alive
-    val update = opsPerMs { s => var j = 0; while (j < ops) { key.setLong(0, existing(j)); value.setLong(0, j); s.put(key, value, CF); j += 1 } }
-    val put = opsPerMs { s => var j = 0; while (j < ops) { key.setLong(0, keys.toLong + j); value.setLong(0, j); s.put(key, value, CF); j += 1 } }
-    val remove = opsPerMs { s => var j = 0; while (j < ops) { key.setLong(0, existing(j)); s.remove(key, CF); j += 1 } }
+    val update = opsPerMs { s =>
+      var j = 0; while (j < ops) { key.setLong(0, existing(j)); value.setLong(0, j); s.put(key, value, CF); j += 1 }
+    }
+    val put = opsPerMs { s =>
+      var j = 0; while (j < ops) { key.setLong(0, keys.toLong + j); value.setLong(0, j); s.put(key, value, CF); j += 1 }
+    }
+    val remove = opsPerMs { s =>
+      var j = 0; while (j < ops) { key.setLong(0, existing(j)); s.remove(key, CF); j += 1 }
+    }
 
     // Version cycles: getStore(v), U puts on existing keys, commit.
     val u = math.min(size.updatesPerCycle, keys)
@@ -162,10 +171,17 @@ object W3StoreOps {
     }.drop(size.warmups)
     provider.close()
     deleteRecursively(new File(root))
-    Map("load_ms" -> loadMs, "get_ops_per_ms" -> get, "update_ops_per_ms" -> update, "put_ops_per_ms" -> put,
-      "remove_ops_per_ms" -> remove, "cycle_ms" -> median(cycles.map(_._1)),
+    Map(
+      "load_ms" -> loadMs,
+      "get_ops_per_ms" -> get,
+      "update_ops_per_ms" -> update,
+      "put_ops_per_ms" -> put,
+      "remove_ops_per_ms" -> remove,
+      "cycle_ms" -> median(cycles.map(_._1)),
       "commit_ms" -> median(cycles.map(_._2)),
-      "heap_bytes_per_key" -> heapPerKey, "memory_used_bytes" -> memoryUsed)
+      "heap_bytes_per_key" -> heapPerKey,
+      "memory_used_bytes" -> memoryUsed
+    )
   }
 
   /** Prints and writes the figures: each the median over the rounds, every round's value kept in the JSON. */
@@ -173,17 +189,23 @@ object W3StoreOps {
       sizeName: String, roundCount: Int, file: java.nio.file.Path): Unit = {
     val results = rounds.map { case (at, figs) => at -> figs.head.keys.map(k => k -> median(figs.map(_(k)))).toMap }
     val figures = Seq(
-      ("get ops/ms", "get_ops_per_ms", true), ("update ops/ms", "update_ops_per_ms", true),
-      ("put (new key) ops/ms", "put_ops_per_ms", true), ("remove ops/ms", "remove_ops_per_ms", true),
+      ("get ops/ms", "get_ops_per_ms", true),
+      ("update ops/ms", "update_ops_per_ms", true),
+      ("put (new key) ops/ms", "put_ops_per_ms", true),
+      ("remove ops/ms", "remove_ops_per_ms", true),
       (s"version cycle ms (getStore, ${size.updatesPerCycle} puts, commit)", "cycle_ms", false),
       ("commit ms (in a cycle)", "commit_ms", false),
-      ("load K keys, ms", "load_ms", false), ("heap bytes per key after GC", "heap_bytes_per_key", false),
-      ("memoryUsedBytes", "memory_used_bytes", false))
+      ("load K keys, ms", "load_ms", false),
+      ("heap bytes per key after GC", "heap_bytes_per_key", false),
+      ("memoryUsedBytes", "memory_used_bytes", false)
+    )
     for (keys <- size.keys) {
       println()
-      println(f"W3 store operations, K=$keys%,d keys, ${math.min(size.ops, keys)}%,d ops per run, median of ${size.runs} runs after ${size.warmups} warm-ups" +
+      println(f"W3 store operations, K=$keys%,d keys, ${math.min(size.ops,
+          keys)}%,d ops per run, median of ${size.runs} runs after ${size.warmups} warm-ups" +
         (if (roundCount > 1) s"; median of $roundCount rounds, the providers taking turns" else ""))
-      println(("figure" +: names).map(n => f"$n%-22s").mkString(" ") + "   (ratio to hdfs; for ops/ms, time per op = 1/ratio)")
+      println(("figure" +: names).map(n => f"$n%-22s").mkString(
+        " ") + "   (ratio to hdfs; for ops/ms, time per op = 1/ratio)")
       for ((label, key, _) <- figures) {
         val base = results.get(("hdfs", keys)).map(_(key))
         val cells = names.map { n =>

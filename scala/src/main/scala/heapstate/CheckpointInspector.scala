@@ -29,7 +29,8 @@ object CheckpointInspector {
     val fs = root.getFileSystem(hadoopConf)
     val stateDir = fs.makeQualified(new Path(root, "state"))
     val stores = new JList[AnyRef]()
-    if (fs.exists(stateDir)) storeDirs(fs, stateDir).foreach(dir => stores.add(describeStore(dir, stateDir, verify, hadoopConf)))
+    if (fs.exists(stateDir))
+      storeDirs(fs, stateDir).foreach(dir => stores.add(describeStore(dir, stateDir, verify, hadoopConf)))
     val out = new JMap[String, AnyRef]()
     out.put("checkpoint", root.toString)
     out.put("stores", stores)
@@ -40,13 +41,15 @@ object CheckpointInspector {
   private def storeDirs(fs: FileSystem, dir: Path): Seq[Path] = {
     val entries = fs.listStatus(dir).toSeq
     val here = if (entries.exists(e => e.isFile && StateFileNames.parse(e.getPath.getName).isDefined)) Seq(dir) else Nil
-    val below = entries.filter(e => e.isDirectory && !e.getPath.getName.startsWith("_") && !e.getPath.getName.startsWith("."))
-      .sortBy(e => e.getPath.getName.toLongOption.map(n => f"$n%020d").getOrElse(e.getPath.getName))
-      .flatMap(e => storeDirs(fs, e.getPath))
+    val below =
+      entries.filter(e => e.isDirectory && !e.getPath.getName.startsWith("_") && !e.getPath.getName.startsWith("."))
+        .sortBy(e => e.getPath.getName.toLongOption.map(n => f"$n%020d").getOrElse(e.getPath.getName))
+        .flatMap(e => storeDirs(fs, e.getPath))
     here ++ below
   }
 
-  private def describeStore(dir: Path, stateDir: Path, verify: Boolean, hadoopConf: Configuration): JMap[String, AnyRef] = {
+  private def describeStore(
+      dir: Path, stateDir: Path, verify: Boolean, hadoopConf: Configuration): JMap[String, AnyRef] = {
     val parts = stateDir.toUri.relativize(dir.toUri).getPath.stripSuffix("/").split("/")
     val files = new StateFiles(dir, hadoopConf, parts.lift(1).flatMap(_.toIntOption).getOrElse(-1))
     val listed = files.list()
@@ -93,11 +96,13 @@ object CheckpointInspector {
    * checkpoint format v2 a version may have several attempts' files; this view goes by version
    * number and names the first file of each version.
    */
-  private def versions(listed: Seq[StateFile], broken: Map[(Long, StateFileNames.Kind), String], dir: Path): JList[AnyRef] = {
+  private def versions(
+      listed: Seq[StateFile], broken: Map[(Long, StateFileNames.Kind), String], dir: Path): JList[AnyRef] = {
     val out = new JList[AnyRef]()
     if (listed.isEmpty) return out
     val journals = listed.filter(_.kind == Journal).map(_.version).toSet
-    val snapshots = listed.filter(f => f.kind == Snapshot && !broken.contains((f.version, Snapshot))).map(_.version).sorted
+    val snapshots =
+      listed.filter(f => f.kind == Snapshot && !broken.contains((f.version, Snapshot))).map(_.version).sorted
     val latest = listed.map(_.version).max
     def nameOf(v: Long, kind: StateFileNames.Kind): String =
       listed.find(f => f.version == v && f.kind == kind).map(_.path.getName)
@@ -119,10 +124,14 @@ object CheckpointInspector {
           val newest = (snapshots.filter(_ <= v).reverse :+ 0L).head
           val missing = (newest + 1 to v).find(j => !journals.contains(j) || broken.contains((j, Journal)))
           entry.put("recoverable", java.lang.Boolean.FALSE)
-          entry.put("problem", missing.map { j =>
-            val name = nameOf(j, Journal)
-            if (journals.contains(j)) s"journal $name (version $j) is damaged" else s"journal $name (version $j) is missing"
-          }.getOrElse("no usable snapshot or journal chain"))
+          entry.put(
+            "problem",
+            missing.map { j =>
+              val name = nameOf(j, Journal)
+              if (journals.contains(j)) s"journal $name (version $j) is damaged"
+              else s"journal $name (version $j) is missing"
+            }.getOrElse("no usable snapshot or journal chain")
+          )
       }
       out.add(entry)
     }

@@ -19,17 +19,28 @@ object HeapStateConf {
 
   val CompactionInterval: Entry = Entry("compactionInterval", "10", "an integer >= 1",
     "Write a full snapshot once this many versions have been committed since the last one.")
-  val CompressionCodec: Entry = Entry("compressionCodec", "zstd",
+  val CompressionCodec: Entry = Entry(
+    "compressionCodec",
+    "zstd",
     Codec.all.map(_.name).mkString("one of ", ", ", ""),
-    "Codec for the body of journals and snapshots. Files record their codec; changing it is safe.")
-  val UndoVersions: Entry = Entry("undoVersions", "2", "an integer >= 0",
+    "Codec for the body of journals and snapshots. Files record their codec; changing it is safe."
+  )
+  val UndoVersions: Entry = Entry(
+    "undoVersions",
+    "2",
+    "an integer >= 0",
     "How many recent versions the store can step back to in memory (task retries), before it " +
-      "must rebuild an older version from files.")
+      "must rebuild an older version from files."
+  )
 
-  val SnapshotBucketBytes: Entry = Entry("snapshotBucketBytes", "8192", "an integer from 64 to 16777216",
+  val SnapshotBucketBytes: Entry = Entry(
+    "snapshotBucketBytes",
+    "8192",
+    "an integer from 64 to 16777216",
     "Bytes of records (before compression) per bucket of a snapshot. A restart decompresses only " +
       "the buckets of the keys a batch touches, and the rest over the next commits: smaller buckets " +
-      "load less for the same keys, larger ones compress a little better.")
+      "load less for the same keys, larger ones compress a little better."
+  )
 
   val entries: Seq[Entry] = Seq(CompactionInterval, CompressionCodec, UndoVersions, SnapshotBucketBytes)
 
@@ -53,6 +64,7 @@ object HeapStateConf {
       compactionInterval = int(CompactionInterval, 1),
       codec = Codec.byName(codecName).getOrElse(throw invalid(CompressionCodec, codecName)),
       undoVersions = int(UndoVersions, 0),
-      snapshotBucketBytes = int(SnapshotBucketBytes, 64, 1 << 24))
+      snapshotBucketBytes = int(SnapshotBucketBytes, 64, 1 << 24)
+    )
   }
 }

@@ -37,7 +37,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
   private var checkpointIds = false
   @volatile private var engine: StateEngine = _
   /** Spark's report of a commit to its state store coordinator; tests put a recorder in its place. */
-  private[heapstate] var reportCommit: (Long, StateStoreId, Configuration) => Unit = StateStore.reportCommitToCoordinator
+  private[heapstate] var reportCommit: (Long, StateStoreId, Configuration) => Unit =
+    StateStore.reportCommitToCoordinator
   /** The rebuild from files (see [[StateEngine.rebuildsFromFiles]]) whose rows a store has checked. */
   @volatile private var rowsCheckedAfterRebuild = 0L
   /** The snapshot a commit handed to the background thread, until it has run. */
@@ -85,7 +86,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       codec = conf.codec,
       undoVersions = conf.undoVersions,
       minVersionsToRetain = storeConfs.minVersionsToRetain,
-      snapshotBucketBytes = conf.snapshotBucketBytes)
+      snapshotBucketBytes = conf.snapshotBucketBytes
+    )
     engine = new StateEngine(files, settings, prefixOf)
     if (!NoTaskPluginWarned.get) TaskActivityPlugin.missingWarning.foreach { message =>
       if (NoTaskPluginWarned.compareAndSet(false, true)) log.warn(message)
@@ -108,7 +110,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       forceSnapshotOnCommit: Boolean,
       loadEmpty: Boolean): StateStore = {
     requireVersion(version); uniqueId.foreach(requireId)
-    new HeapStore(version, uniqueId, engine.ensureAt(version, uniqueId, loadEmpty), readOnly = false, forceSnapshotOnCommit)
+    new HeapStore(version, uniqueId, engine.ensureAt(version, uniqueId, loadEmpty), readOnly = false,
+      forceSnapshotOnCommit)
   }
 
   override def getReadStore(version: Long, uniqueId: Option[String]): ReadStateStore = {
@@ -145,7 +148,9 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
   }
 
   /** Keeps a queued background snapshot from starting, or waits for one that has started. */
-  private def cancelPendingSnapshot(): Unit = { val pending = pendingSnapshot; if (pending != null) pending.cancelOrAwait() }
+  private def cancelPendingSnapshot(): Unit = {
+    val pending = pendingSnapshot; if (pending != null) pending.cancelOrAwait()
+  }
 
   /**
    * One background snapshot of this store. Whoever claims it first decides: the snapshot thread
@@ -162,7 +167,7 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       catch {
         case NonFatal(e) =>
           log.warn(s"heapstate: background snapshot of $storeId failed; its journals still hold " +
-            s"every version, and the next commit or maintenance run tries again", e)
+              s"every version, and the next commit or maintenance run tries again", e)
       } finally finished.countDown()
     }
 
@@ -176,8 +181,9 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
   private def reportSnapshot(version: Long): Unit =
     try SnapshotReports.snapshotWritten(storeConf, storeId, hadoopConf, version)
     catch {
-      case NonFatal(e) => HeapStateStoreProvider.log.warn(s"heapstate: could not report the snapshot of version $version of $storeId " +
-        s"to Spark's state store coordinator: $e")
+      case NonFatal(e) =>
+        HeapStateStoreProvider.log.warn(s"heapstate: could not report the snapshot of version $version of $storeId " +
+          s"to Spark's state store coordinator: $e")
     }
 
   override def doCleanupMaintenance(): Unit = if (engine != null && engine.isLoaded) engine.cleanup()
@@ -213,15 +219,20 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
   }
 
   private def requireVersion(version: Long): Unit =
-    if (version < 0) throw new IllegalArgumentException(s"heapstate: version $version of state store $storeId is negative")
+    if (version < 0)
+      throw new IllegalArgumentException(s"heapstate: version $version of state store $storeId is negative")
 
   private def requireId(id: String): Unit = if (!heapstate.io.StateFileNames.isValidId(id)) {
     throw new IllegalArgumentException(s"heapstate: checkpoint id '$id' of state store $storeId is not " +
       "one heapstate can name files by (letters, digits and '-', at most 64)")
   }
 
-  private def keyRow(bytes: Array[Byte]): UnsafeRow = { val r = new UnsafeRow(keyFields); r.pointTo(bytes, bytes.length); r }
-  private def valueRow(bytes: Array[Byte]): UnsafeRow = { val r = new UnsafeRow(valueFields); r.pointTo(bytes, bytes.length); r }
+  private def keyRow(bytes: Array[Byte]): UnsafeRow = {
+    val r = new UnsafeRow(keyFields); r.pointTo(bytes, bytes.length); r
+  }
+  private def valueRow(bytes: Array[Byte]): UnsafeRow = {
+    val r = new UnsafeRow(valueFields); r.pointTo(bytes, bytes.length); r
+  }
 
   /**
    * Rows that point into an [[Entry]] at `b`/`at`: a change's array, or a live table page (entries
@@ -244,14 +255,15 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
     new KeyProbe(page, Platform.BYTE_ARRAY_OFFSET + Entry.keyStart(at), Entry.keyLength(page, at))
   }
   /** The pair of the live entry at `address` (from `live`, with no change to it since). */
-  private def livePairOf(live: LiveState, address: Long): UnsafeRowPair = pairOf(live.pageOf(address), live.offsetOf(address))
+  private def livePairOf(live: LiveState, address: Long): UnsafeRowPair =
+    pairOf(live.pageOf(address), live.offsetOf(address))
 
   /**
    * Reads the given journals (one lineage, oldest first) one by one; Spark's change feed calls a
    * version's changes batch `version - 1`.
    */
   private class JournalChangeFeed(journals: Seq[heapstate.io.StateFileNames.StateFile])
-    extends ChangeFeedIterator[(RecordType.Value, UnsafeRow, UnsafeRow, Long)] {
+      extends ChangeFeedIterator[(RecordType.Value, UnsafeRow, UnsafeRow, Long)] {
     private val pending = journals.iterator
     private var records: Iterator[(RecordType.Value, UnsafeRow, UnsafeRow, Long)] = Iterator.empty
 
@@ -288,7 +300,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
      * outside a task (tests, benchmarks), do not count.
      */
     private val writer: Option[StateEngine.Counted] =
-      if (readOnly) None else Option(TaskContext.get()).map { task =>
+      if (readOnly) None
+      else Option(TaskContext.get()).map { task =>
         val w = StateEngine.writer()
         task.addTaskCompletionListener[Unit](_ => w.close())
         w
@@ -383,7 +396,9 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       }.toArray
       val fromLive = live.keysWithPrefix(prefix).iterator().asScala
         .filter(k => !changedSet.contains(k))
-        .flatMap { k => val a = live.get(k); if (a == EntryTable.NoEntry) None else Some(checkedLivePair(livePairOf(live, a))) }
+        .flatMap { k =>
+          val a = live.get(k); if (a == EntryTable.NoEntry) None else Some(checkedLivePair(livePairOf(live, a)))
+        }
       new StateStoreIterator(fromChanges.iterator ++ fromLive, () => ())
     }
 
@@ -396,15 +411,17 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       // to yield to (see SnapshotPacer): it is a call to the driver, whose threads need a core to
       // answer it. In two of six W1 runs, reports made while a snapshot was written took 2 to 3.5
       // times as long as the others.
-      val stored = try StateEngine.committing {
-        committed = engine.commit(version, changes, uniqueId, newId)
-        val stored = System.nanoTime()
-        storeCpuMicros = (threadCpuNanos() - cpuStarted) / 1000
-        phase = Committed
-        changes.release() // the live state and the undo log hold what they need of it
-        if (storeConf.commitValidationEnabled) reportCommit(committed.version, storeId, hadoopConf)
-        stored
-      } finally writer.foreach(_.close())
+      val stored =
+        try StateEngine.committing {
+            committed = engine.commit(version, changes, uniqueId, newId)
+            val stored = System.nanoTime()
+            storeCpuMicros = (threadCpuNanos() - cpuStarted) / 1000
+            phase = Committed
+            changes.release() // the live state and the undo log hold what they need of it
+            if (storeConf.commitValidationEnabled) reportCommit(committed.version, storeId, hadoopConf)
+            stored
+          }
+        finally writer.foreach(_.close())
       storeMicros = (stored - started) / 1000
       reportMicros = (System.nanoTime() - stored) / 1000
       if (forceSnapshot) engine.snapshotIfDue(force = true).foreach(reportSnapshot)
@@ -438,7 +455,9 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
           CommitStoreTime -> storeMicros,
           CommitReportTime -> reportMicros,
           CommitStoreCpuTime -> storeCpuMicros,
-          BucketsPending -> engine.bucketsPending))
+          BucketsPending -> engine.bucketsPending
+        )
+      )
     }
 
     /** In format v2, the committed version's checkpoint id and the id of the version below it. */
@@ -459,7 +478,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
     override def removeColFamilyIfExists(colFamilyName: String): Boolean = false
 
     override def valuesIterator(key: UnsafeRow, colFamilyName: String): Iterator[UnsafeRow] = multiValues()
-    override def prefixScanWithMultiValues(prefixKey: UnsafeRow, colFamilyName: String): StateStoreIterator[UnsafeRowPair] = multiValues()
+    override def prefixScanWithMultiValues(
+        prefixKey: UnsafeRow, colFamilyName: String): StateStoreIterator[UnsafeRowPair] = multiValues()
     override def iteratorWithMultiValues(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = multiValues()
     override def merge(key: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit = multiValues()
     override def putList(key: UnsafeRow, values: Array[UnsafeRow], colFamilyName: String): Unit = multiValues()
@@ -468,9 +488,11 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
     override def toString: String = s"HeapStateStore[id=$storeId, version=$version, phase=$phase]"
 
     private def requireWritable(op: String): Unit = {
-      if (readOnly) throw new UnsupportedOperationException(s"heapstate: $op on read-only store $storeId version $version")
+      if (readOnly)
+        throw new UnsupportedOperationException(s"heapstate: $op on read-only store $storeId version $version")
       if (phase != Updating) {
-        throw new IllegalStateException(s"heapstate: $op on store $storeId version $version after it was ${phase.toString.toLowerCase}")
+        throw new IllegalStateException(
+          s"heapstate: $op on store $storeId version $version after it was ${phase.toString.toLowerCase}")
       }
     }
 
@@ -510,13 +532,20 @@ object HeapStateStoreProvider {
   val UpdatesSquashed: StateStoreCustomMetric =
     StateStoreCustomSumMetric("heapstateUpdatesSquashed", "heapstate: puts and removes squashed away")
   val SnapshotLag: StateStoreCustomMetric =
-    StateStoreCustomSumMetric("heapstateSnapshotLagVersions", "heapstate: versions since the last snapshot, summed over partitions")
+    StateStoreCustomSumMetric("heapstateSnapshotLagVersions",
+      "heapstate: versions since the last snapshot, summed over partitions")
 
   val LoadTime: StateStoreCustomMetric =
-    StateStoreCustomTimingMetric("heapstateLoadMs", "heapstate: ms spent rebuilding this batch's starting version from files (after a restart or a move; a bucketed snapshot's buckets load later, as keys are asked for), summed over partitions")
+    StateStoreCustomTimingMetric(
+      "heapstateLoadMs",
+      "heapstate: ms spent rebuilding this batch's starting version from files (after a restart or a move; a bucketed snapshot's buckets load later, as keys are asked for), summed over partitions"
+    )
 
   val BucketsPending: StateStoreCustomMetric =
-    StateStoreCustomSumMetric("heapstateSnapshotBucketsPending", "heapstate: buckets of a snapshot still to load after a rebuild from files (loaded as keys are asked for, and a share after each commit), summed over partitions")
+    StateStoreCustomSumMetric(
+      "heapstateSnapshotBucketsPending",
+      "heapstate: buckets of a snapshot still to load after a rebuild from files (loaded as keys are asked for, and a share after each commit), summed over partitions"
+    )
 
   /**
    * Where a commit's time goes. Spark's `commitTimeMs` is the whole of `commit`: the store's own
@@ -525,9 +554,11 @@ object HeapStateStoreProvider {
    * snapshot Spark forces, written there and then: in neither part).
    */
   val CommitStoreTime: StateStoreCustomMetric =
-    StateStoreCustomSumMetric("heapstateCommitStoreMicros", "heapstate: microseconds its commits spent in the store (journal, table, undo log), summed over partitions")
+    StateStoreCustomSumMetric("heapstateCommitStoreMicros",
+      "heapstate: microseconds its commits spent in the store (journal, table, undo log), summed over partitions")
   val CommitReportTime: StateStoreCustomMetric =
-    StateStoreCustomSumMetric("heapstateCommitReportMicros", "heapstate: microseconds its commits waited for Spark's report to the state store coordinator, summed over partitions")
+    StateStoreCustomSumMetric("heapstateCommitReportMicros",
+      "heapstate: microseconds its commits waited for Spark's report to the state store coordinator, summed over partitions")
 
   /**
    * The CPU time of the store's part of the commit ([[CommitStoreTime]]), from the JVM's per-thread
@@ -536,10 +567,14 @@ object HeapStateStoreProvider {
    * clock.
    */
   val CommitStoreCpuTime: StateStoreCustomMetric =
-    StateStoreCustomSumMetric("heapstateCommitStoreCpuMicros", "heapstate: CPU microseconds its commits used in the store (its part of heapstateCommitStoreMicros spent running), summed over partitions")
+    StateStoreCustomSumMetric(
+      "heapstateCommitStoreCpuMicros",
+      "heapstate: CPU microseconds its commits used in the store (its part of heapstateCommitStoreMicros spent running), summed over partitions"
+    )
 
   val CustomMetrics: Seq[StateStoreCustomMetric] = Seq(
-    JournalBytes, KeysWritten, UpdatesSquashed, SnapshotLag, LoadTime, BucketsPending, CommitStoreTime, CommitReportTime,
+    JournalBytes, KeysWritten, UpdatesSquashed, SnapshotLag, LoadTime, BucketsPending, CommitStoreTime,
+    CommitReportTime,
     CommitStoreCpuTime)
 
   private val threadClock = java.lang.management.ManagementFactory.getThreadMXBean
@@ -552,7 +587,9 @@ object HeapStateStoreProvider {
   private def prefixExtractor(keySchema: StructType, numColsPrefixKey: Int): Array[Byte] => Key = {
     val fields = keySchema.fields
     val projection = ThreadLocal.withInitial[(UnsafeRow, UnsafeProjection)] { () =>
-      val refs = fields.take(numColsPrefixKey).zipWithIndex.map { case (f, i) => BoundReference(i, f.dataType, f.nullable) }
+      val refs = fields.take(numColsPrefixKey).zipWithIndex.map { case (f, i) =>
+        BoundReference(i, f.dataType, f.nullable)
+      }
       (new UnsafeRow(fields.length), UnsafeProjection.create(refs.toSeq))
     }
     bytes => {

@@ -30,7 +30,8 @@ class TaskActivityPlugin extends SparkPlugin {
 
   override def executorPlugin(): ExecutorPlugin = new ExecutorPlugin {
     override def init(ctx: PluginContext, extraConf: JMap[String, String]): Unit =
-      StateEngine.taskPluginStarted(TaskActivityPlugin.executorCores(ctx.conf(), Runtime.getRuntime.availableProcessors))
+      StateEngine.taskPluginStarted(TaskActivityPlugin.executorCores(ctx.conf(),
+          Runtime.getRuntime.availableProcessors))
 
     override def shutdown(): Unit = StateEngine.taskPluginStopped()
 

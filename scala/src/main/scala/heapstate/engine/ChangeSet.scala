@@ -110,5 +110,7 @@ final class ChangeSet(live: LiveState) {
 object ChangeSet {
   /** How changing a key to `value` (an entry, or [[Tombstone]]) moves the key count, given whether the key is `present`. */
   def keyDelta(present: Boolean, value: Array[Byte]): Int =
-    if (Tombstone.is(value)) { if (present) -1 else 0 } else if (present) 0 else 1
+    if (Tombstone.is(value)) { if (present) -1 else 0 }
+    else if (present) 0
+    else 1
 }

@@ -221,8 +221,9 @@ final class EntryTable(expectedKeys: Int = 16) {
     val page = ps(pageIndex(s))
     if (page == null) throw changedUnderReader
     val at = offsetOf(s)
-    Platform.getInt(page, Platform.BYTE_ARRAY_OFFSET + at) == length && at + Entry.HeaderBytes + length <= page.length &&
-      ByteArrayMethods.arrayEquals(page, Platform.BYTE_ARRAY_OFFSET + at + Entry.HeaderBytes, base, offset, length)
+    val lengthMatches = Platform.getInt(page, Platform.BYTE_ARRAY_OFFSET + at) == length
+    lengthMatches && at + Entry.HeaderBytes + length <= page.length &&
+    ByteArrayMethods.arrayEquals(page, Platform.BYTE_ARRAY_OFFSET + at + Entry.HeaderBytes, base, offset, length)
   }
 
   // ---- changes (the writer's thread) ----
@@ -240,8 +241,10 @@ final class EntryTable(expectedKeys: Int = 16) {
       val length = lengthAt(expected)
       // The same key and length: the same lengths, so the old entry's place is kept as a hole.
       val hole = length == entry.length && holeCount < MaxHoles
-      val moved = append(entry, Platform.BYTE_ARRAY_OFFSET, entry.length, hole) // an entry array is laid out as in a page
-      setSlot(ss, slot, (ss(slot) & ~AddressMask) | moved) // the new entry is published before the old one can be dropped
+      // An entry array is laid out as in a page.
+      val moved = append(entry, Platform.BYTE_ARRAY_OFFSET, entry.length, hole)
+      // The new entry is published before the old one can be dropped.
+      setSlot(ss, slot, (ss(slot) & ~AddressMask) | moved)
       if (hole) keepHole(slot, moved, expected)
       release(expected, length)
       true
@@ -285,7 +288,8 @@ final class EntryTable(expectedKeys: Int = 16) {
    */
   def put(entry: Array[Byte], hash: Int): Int = {
     val keyLength = Entry.keyLength(entry, 0)
-    put(entry, Entry.HeaderBytes, keyLength, Entry.HeaderBytes + keyLength, entry.length - Entry.HeaderBytes - keyLength, hash)
+    put(entry, Entry.HeaderBytes, keyLength, Entry.HeaderBytes + keyLength,
+      entry.length - Entry.HeaderBytes - keyLength, hash)
   }
 
   /**
@@ -305,8 +309,9 @@ final class EntryTable(expectedKeys: Int = 16) {
       // lowest-indexed one keeps a key put back after a removal from landing past its old slot,
       // where an iterator that saw it there would see it again (a chain that wraps past the
       // array's end has its first slots at its high end). Another key's vacated slot will not do.
-      if (s <= Deleted) { if ((s == Deleted || vacatedBy(s, tag, src, keyAt, keyLength)) && (free < 0 || i < free)) free = i }
-      else if ((s >>> AddressBits) == tag && holdsKey(pages, s, src, Platform.BYTE_ARRAY_OFFSET + keyAt, keyLength))
+      if (s <= Deleted) {
+        if ((s == Deleted || vacatedBy(s, tag, src, keyAt, keyLength)) && (free < 0 || i < free)) free = i
+      } else if ((s >>> AddressBits) == tag && holdsKey(pages, s, src, Platform.BYTE_ARRAY_OFFSET + keyAt, keyLength))
         return replaceIn(ss, i, src, keyAt, keyLength, valueAt, valueLength)
       i = (i + 1) & mask
       s = ss(i)
@@ -319,7 +324,8 @@ final class EntryTable(expectedKeys: Int = 16) {
   }
 
   /** [[put]]'s update of the key in `ss(i)`: appends the new entry, points the slot to it, and returns the old one's length. */
-  private def replaceIn(ss: Array[Long], i: Int, src: Array[Byte], keyAt: Int, keyLength: Int, valueAt: Int, valueLength: Int): Int = {
+  private def replaceIn(ss: Array[Long], i: Int, src: Array[Byte], keyAt: Int, keyLength: Int, valueAt: Int,
+      valueLength: Int): Int = {
     val s = ss(i)
     val old = s & AddressMask
     val length = lengthAt(old)
@@ -419,7 +425,8 @@ final class EntryTable(expectedKeys: Int = 16) {
     override def hasNext: Boolean = i < ss.length
     override def next(): Long = {
       if (!hasNext) throw new NoSuchElementException
-      if (drops != dropsAtStart) throw new java.util.ConcurrentModificationException("heapstate: the state changed under an iterator")
+      if (drops != dropsAtStart)
+        throw new java.util.ConcurrentModificationException("heapstate: the state changed under an iterator")
       val s = ss(i); advance(); s & AddressMask
     }
   }
@@ -507,7 +514,8 @@ final class EntryTable(expectedKeys: Int = 16) {
 
   /** The page an entry of `length` bytes goes to: the current one, a new one, or one of its own. */
   private def pageFor(length: Int): Int =
-    if (length > LargeEntry) newPage(length) else {
+    if (length > LargeEntry) newPage(length)
+    else {
       if (current < 0 || pageUsed(current) + length > pages(current).length) {
         val full = current
         current = newPage(nextPageBytes(length))
@@ -525,7 +533,8 @@ final class EntryTable(expectedKeys: Int = 16) {
    * once, as their snapshots begin).
    */
   private def holePageFor(length: Int): Int =
-    if (length > LargeEntry) newPage(length) else {
+    if (length > LargeEntry) newPage(length)
+    else {
       if (holePage < 0 || pageUsed(holePage) + length > pages(holePage).length) {
         val full = holePage
         holePage = newPage(math.max(length, math.min(nextPageBytes(length), YoungPageBytes)))
@@ -553,7 +562,8 @@ final class EntryTable(expectedKeys: Int = 16) {
   private def nextPageBytes(need: Int): Int = {
     val quarter = heldBytes / 4
     val size = if (quarter >= PageBytes && (!youngPagesOnly || heldBytes >= YoungPagesOnlyUpTo)) PageBytes
-      else math.min(math.max(java.lang.Long.highestOneBit(math.max(quarter, 1L)), MinPageBytes.toLong), YoungPageBytes.toLong).toInt
+    else math.min(math.max(java.lang.Long.highestOneBit(math.max(quarter, 1L)), MinPageBytes.toLong),
+      YoungPageBytes.toLong).toInt
     math.max(need, size)
   }
 
@@ -574,8 +584,10 @@ final class EntryTable(expectedKeys: Int = 16) {
 
   /** A new page of `length` bytes in the directory; returns its index. */
   private def newPage(length: Int): Int = {
-    val p = if (freeCount > 0) { freeCount -= 1; freeIndices(freeCount) } else {
-      if (pageCount == MaxPages) throw new IllegalStateException(s"heapstate: a state store holds at most $MaxPages pages")
+    val p = if (freeCount > 0) { freeCount -= 1; freeIndices(freeCount) }
+    else {
+      if (pageCount == MaxPages)
+        throw new IllegalStateException(s"heapstate: a state store holds at most $MaxPages pages")
       if (pageCount == pages.length) {
         val grown = math.min(pages.length * 2, MaxPages)
         pageUsed = java.util.Arrays.copyOf(pageUsed, grown)
@@ -670,8 +682,8 @@ final class EntryTable(expectedKeys: Int = 16) {
       val to = holeTo(i)
       val p = pageIndex(to)
       // The slot still holds the appended entry, and the hole's page is the one it was in, in use.
-      if (holeStamp(i) == generation && holdsEntry(ss(slot)) && (ss(slot) & AddressMask) == from && pageEpoch(p) == holeEpoch(i) &&
-          pageUsed(p) > 0) {
+      if (holeStamp(i) == generation && holdsEntry(ss(slot)) && (ss(slot) & AddressMask) == from &&
+        pageEpoch(p) == holeEpoch(i) && pageUsed(p) > 0) {
         // Both through pageOf: an address whose page is gone is an exception, not a read past an array.
         val (src, dst) = (pageOf(from), pageOf(to))
         val (fromAt, toAt) = (offsetOf(from), offsetOf(to))
@@ -711,13 +723,15 @@ final class EntryTable(expectedKeys: Int = 16) {
    */
   def compact(): Long = {
     // dropRetired settles the vacated markers first itself.
-    if (synchronized { if (retiredCount > 0 && readers == 0) dropRetired() else settleVacated(); readers > 0 }) return 0L
+    if (synchronized { if (retiredCount > 0 && readers == 0) dropRetired() else settleVacated(); readers > 0 })
+      return 0L
     // What was appended while readers kept this from running counts too, so that it catches up.
     val budget = CompactionRatio * math.max(appendedSinceCompaction, currentPageBytes.toLong)
     appendedSinceCompaction = 0
     var moved = 0L
     var done = false
-    while (!done && moved < budget && garbageBytes > math.max(GarbageFraction * liveBytes.toDouble, 4.0 * MinPageBytes)) {
+    while (!done && moved < budget && garbageBytes > math.max(GarbageFraction * liveBytes.toDouble,
+        4.0 * MinPageBytes)) {
       val v = victim()
       if (v < 0) done = true else moved += evacuate(v)
     }
@@ -922,7 +936,8 @@ object EntryTable {
   /** G1's heap region size, when this JVM runs G1. */
   private def g1RegionBytes: Option[Long] =
     try {
-      val hotspot = java.lang.management.ManagementFactory.getPlatformMXBean(classOf[com.sun.management.HotSpotDiagnosticMXBean])
+      val hotspot =
+        java.lang.management.ManagementFactory.getPlatformMXBean(classOf[com.sun.management.HotSpotDiagnosticMXBean])
       if (hotspot.getVMOption("UseG1GC").getValue != "true") None
       else Some(hotspot.getVMOption("G1HeapRegionSize").getValue.toLong)
     } catch { case _: Exception => None }

@@ -43,7 +43,7 @@ final class KeyProbe(base: AnyRef, offset: Long, length: Int, override val hashC
   override def equals(other: Any): Boolean = other match {
     case k: Key =>
       k.hashCode == hashCode && k.bytes.length == length &&
-        ByteArrayMethods.arrayEquals(base, offset, k.bytes, Platform.BYTE_ARRAY_OFFSET, length)
+      ByteArrayMethods.arrayEquals(base, offset, k.bytes, Platform.BYTE_ARRAY_OFFSET, length)
     case _ => false
   }
 }

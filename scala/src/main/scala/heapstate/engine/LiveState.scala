@@ -134,7 +134,8 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     val p = pending
     if (p == null) table.find(base, offset, length, hash) else getPending(p, base, offset, length, hash)
   }
-  def get(key: Key): Long = get(key.bytes, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.bytes.length, key.hashCode)
+  def get(key: Key): Long =
+    get(key.bytes, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.bytes.length, key.hashCode)
 
   /** Bytes of the table's pages that no live entry uses (see [[EntryTable.garbageBytes]]). */
   def garbageBytes: Long = table.garbageBytes
@@ -223,7 +224,9 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   def loadAll(): Unit = { val p = pending; if (p != null) loadSome(p.buckets.buckets) }
 
   /** How many buckets a commit loads: a lazily loaded state is whole after [[LiveState.LoadSteps]] commits. */
-  def bucketsPerCommit: Int = { val p = pending; if (p == null) 0 else (p.buckets.buckets + LiveState.LoadSteps - 1) / LiveState.LoadSteps }
+  def bucketsPerCommit: Int = {
+    val p = pending; if (p == null) 0 else (p.buckets.buckets + LiveState.LoadSteps - 1) / LiveState.LoadSteps
+  }
 
   /** Loads bucket `b` of `p` into `table`, skipping keys that journals or commits changed since. */
   private def load(p: LiveState.PendingSnapshot, b: Int): Unit = synchronized {
@@ -243,8 +246,9 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
       p.remaining -= 1
       if (p.remaining == 0) {
         if (!p.countUnknown && table.size != pendingKeys) {
-          p.failure = new StateFileException(p.buckets.path, p.buckets.version, s"it and the journals above it " +
-            s"hold ${table.size} keys once loaded, but their key counts say $pendingKeys")
+          p.failure = new StateFileException(p.buckets.path, p.buckets.version,
+            s"it and the journals above it " +
+              s"hold ${table.size} keys once loaded, but their key counts say $pendingKeys")
           throw p.failure
         }
         pending = null
@@ -341,7 +345,8 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
       else {
         val found = slots != null && slots(i) >= 0
         if (found && inPlace && table.overwriteAt(slots(i), prepared.stamp, prepared.priors(i), changed)) written += 1
-        else if (!(found && table.replaceAt(slots(i), prepared.stamp, prepared.priors(i), changed))) store(changed, key.hashCode)
+        else if (!(found && table.replaceAt(slots(i), prepared.stamp, prepared.priors(i), changed)))
+          store(changed, key.hashCode)
       }
       i += 1
     }
@@ -378,7 +383,8 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
       val counting = pending != null // the commit looked up every key of `entry`: the table knows them
       entry.foreach { (recorded, hash, wasAbsent) =>
         if (counting) {
-          pendingKeys += ChangeSet.keyDelta(table.findKeyOf(recorded, hash) != EntryTable.NoEntry, if (wasAbsent) Tombstone.bytes else recorded)
+          pendingKeys += ChangeSet.keyDelta(table.findKeyOf(recorded, hash) != EntryTable.NoEntry,
+            if (wasAbsent) Tombstone.bytes else recorded)
         }
         if (wasAbsent) remove(Entry.key(recorded), hash) else store(recorded, hash)
       }
@@ -464,10 +470,14 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
       java.lang.invoke.VarHandle.loadLoadFence()
       val published = undoPublished
       undoTop > s && {
-        if (published != seenPublished) { above = later.values().toArray(new Array[UndoEntry](0)); seenPublished = published }
+        if (published != seenPublished) {
+          above = later.values().toArray(new Array[UndoEntry](0)); seenPublished = published
+        }
         var found = false
         var i = 0
-        while (!found && i < above.length) { val u = above(i); found = (u eq UndoEntry.FromEmpty) || u.containsKeyOf(page, at, hash); i += 1 }
+        while (!found && i < above.length) {
+          val u = above(i); found = (u eq UndoEntry.FromEmpty) || u.containsKeyOf(page, at, hash); i += 1
+        }
         found
       }
     }

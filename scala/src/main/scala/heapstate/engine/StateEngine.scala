@@ -132,7 +132,8 @@ object StateEngine {
   /** Runs `body` counted in [[commitsRunning]] (counts nest); a `body` that throws is not left counted. */
   def committing[T](body: => T): T = {
     running.incrementAndGet()
-    try body finally running.decrementAndGet()
+    try body
+    finally running.decrementAndGet()
   }
 
   private val writers = new java.util.concurrent.atomic.AtomicInteger()
@@ -237,16 +238,19 @@ object StateEngine {
   private[heapstate] def oneSnapshotAtATime[T](stillWanted: () => Boolean)(body: => Option[T]): Option[T] = {
     var permitted = false
     try {
-      while (!permitted && stillWanted()) permitted = snapshotPermit.tryAcquire(10, java.util.concurrent.TimeUnit.MILLISECONDS)
+      while (!permitted && stillWanted())
+        permitted = snapshotPermit.tryAcquire(10, java.util.concurrent.TimeUnit.MILLISECONDS)
     } catch {
       case _: InterruptedException => Thread.currentThread().interrupt()
     }
     if (!permitted) None
-    else try {
-      val now = writing.incrementAndGet()
-      if (now > mostWriting) mostWriting = now
-      try body finally writing.decrementAndGet()
-    } finally snapshotPermit.release()
+    else
+      try {
+        val now = writing.incrementAndGet()
+        if (now > mostWriting) mostWriting = now
+        try body
+        finally writing.decrementAndGet()
+      } finally snapshotPermit.release()
   }
 }
 
@@ -318,7 +322,8 @@ final class StateEngine(
   def loadMsOf(version: Long): Long = { val (v, ms) = lastLoad; if (v == version) ms else 0L }
 
   /** The live state's [[LiveState.memoryBytes]] and [[LiveState.memoryBytesRecounted]], for tests. */
-  private[heapstate] def memoryAccounts: (Long, Long) = synchronized { val st = live; (st.memoryBytes, st.memoryBytesRecounted) }
+  private[heapstate] def memoryAccounts: (Long, Long) =
+    synchronized { val st = live; (st.memoryBytes, st.memoryBytesRecounted) }
 
   /** Whether `version` is the version last rebuilt from files. */
   def rebuiltAt(version: Long): Boolean = lastLoad._1 == version
@@ -465,7 +470,8 @@ final class StateEngine(
       if (force && st != null) st.loadAll()
       val due = st != null && st.version > 0 && st.version != newestSnapshot && st.isFullyLoaded &&
         (force || st.version - newestSnapshot >= settings.compactionInterval)
-      val locked = due && (if (force) { snapshotLock.lock(); true } else snapshotLock.tryLock())
+      val locked = due && (if (force) { snapshotLock.lock(); true }
+                           else snapshotLock.tryLock())
       if (locked) { snapshotInProgress = st.version; Some((st, st.version, Option(lineageIds.get(st.version)))) }
       else None
     }
@@ -475,7 +481,8 @@ final class StateEngine(
         val pace: Int => Unit =
           if (force) _ => ()
           else new SnapshotPacer(SnapshotPacer.DefaultDutyCycle, () => snapshotLockWanted).wrote
-        val bytes = files.writeSnapshot(s, settings.codec, settings.snapshotBucketBytes, id, pace)(w => st.writeSnapshotView(s, w.putEntry(_, _, _)))
+        val bytes = files.writeSnapshot(s, settings.codec, settings.snapshotBucketBytes, id, pace)(w =>
+          st.writeSnapshotView(s, w.putEntry(_, _, _)))
         newestSnapshot = math.max(newestSnapshot, s)
         log.info(f"Wrote snapshot of version $s for ${files.dir}: $bytes%d bytes in " +
           f"${(System.nanoTime() - started) / 1e6}%.0f ms")
@@ -577,19 +584,23 @@ final class StateEngine(
     // The lineage below the first journal names the snapshot's id, unless there is no journal.
     val lineageSnapshotId = chain.headOption.map(_.base).getOrElse(endId)
     if (snapshotId.isDefined && lineageSnapshotId.isDefined && snapshotId != lineageSnapshotId && snapshotVersion > 0) {
-      throw new StateFileException(files.snapshotPath(snapshotVersion, snapshotId), snapshotVersion,
+      throw new StateFileException(
+        files.snapshotPath(snapshotVersion, snapshotId),
+        snapshotVersion,
         s"version $endVersion (checkpoint id ${endId.getOrElse("none")}) does not descend from it: its lineage " +
-          s"passes version $snapshotVersion with checkpoint id ${lineageSnapshotId.get}")
+          s"passes version $snapshotVersion with checkpoint id ${lineageSnapshotId.get}"
+      )
     }
     val wantedId = snapshotId.orElse(lineageSnapshotId)
     val st =
       if (snapshotVersion == 0) new LiveState(prefixOf, 0)
       else {
-        val snap = all.find(f => f.kind == Snapshot && f.version == snapshotVersion && (wantedId.isEmpty || f.id == wantedId))
-          .getOrElse {
-            throw new StateFileException(files.snapshotPath(snapshotVersion, wantedId), snapshotVersion,
-              "there is no heapstate snapshot at this version to start from")
-          }
+        val snap =
+          all.find(f => f.kind == Snapshot && f.version == snapshotVersion && (wantedId.isEmpty || f.id == wantedId))
+            .getOrElse {
+              throw new StateFileException(files.snapshotPath(snapshotVersion, wantedId), snapshotVersion,
+                "there is no heapstate snapshot at this version to start from")
+            }
         openSnapshot(snap)
       }
     chain.foreach(j => applyJournal(st, j))
@@ -627,9 +638,11 @@ final class StateEngine(
   private def withSnapshotLock[T](body: => T): T = {
     if (!snapshotLock.tryLock()) {
       snapshotLockWanted = true
-      try snapshotLock.lock() finally snapshotLockWanted = false
+      try snapshotLock.lock()
+      finally snapshotLockWanted = false
     }
-    try body finally snapshotLock.unlock()
+    try body
+    finally snapshotLock.unlock()
   }
 
   /**
@@ -640,9 +653,13 @@ final class StateEngine(
   private def resolveId(all: Seq[StateFile], version: Long, id: Option[String]): Option[String] = id.orElse {
     val ids = all.filter(_.version == version).flatMap(_.id).distinct
     if (ids.length > 1) {
-      throw new StateFileException(files.journalPath(version), version, s"Spark asked for this version without a " +
-        s"checkpoint id, and ${ids.length} attempts committed it (ids ${ids.mkString(", ")}); heapstate cannot tell " +
-        "which one Spark kept")
+      throw new StateFileException(
+        files.journalPath(version),
+        version,
+        s"Spark asked for this version without a " +
+          s"checkpoint id, and ${ids.length} attempts committed it (ids ${ids.mkString(", ")}); heapstate cannot tell " +
+          "which one Spark kept"
+      )
     }
     ids.headOption
   }
@@ -692,9 +709,13 @@ final class StateEngine(
     // damaged, that snapshot is the file at fault: name it, not the long-deleted journal.
     throw (
       if (skipped == null) StateFiles.missingJournal(files.dir, missing, walk.missingId)
-      else new StateFileException(skipped.path, skipped.version,
+      else new StateFileException(
+        skipped.path,
+        skipped.version,
         s"it is damaged, and no older snapshot with journals can rebuild version $version " +
-          s"(journal $missing is gone): ${skipped.getMessage}", skipped))
+          s"(journal $missing is gone): ${skipped.getMessage}",
+        skipped
+      ))
   }
 
   /**

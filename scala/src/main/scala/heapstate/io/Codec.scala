@@ -58,7 +58,8 @@ final class DirectBlocks {
   private var out: java.nio.ByteBuffer = java.nio.ByteBuffer.allocateDirect(0)
 
   private def room(b: java.nio.ByteBuffer, n: Int): java.nio.ByteBuffer =
-    if (b.capacity >= n) b else java.nio.ByteBuffer.allocateDirect(math.max(n, math.min(Int.MaxValue / 2, b.capacity) * 2))
+    if (b.capacity >= n) b
+    else java.nio.ByteBuffer.allocateDirect(math.max(n, math.min(Int.MaxValue / 2, b.capacity) * 2))
 
   /** The direct input buffer, holding `len` bytes copied from `src(off)` at its start. */
   def input(src: Array[Byte], off: Int, len: Int): java.nio.ByteBuffer = {
@@ -242,7 +243,8 @@ object Codec {
     def decompress(in: InputStream): InputStream = new SnappyInputStream(in)
     def blocks(): BlockCodec = new BlockCodec {
       def maxCompressedLength(n: Int): Int = org.xerial.snappy.Snappy.maxCompressedLength(n)
-      def compress(src: Array[Byte], len: Int, dst: Array[Byte]): Int = org.xerial.snappy.Snappy.compress(src, 0, len, dst, 0)
+      def compress(src: Array[Byte], len: Int, dst: Array[Byte]): Int =
+        org.xerial.snappy.Snappy.compress(src, 0, len, dst, 0)
       def decompress(src: Array[Byte], srcOff: Int, srcLen: Int, dst: Array[Byte], rawLen: Int): Unit = {
         // Checked first: snappy writes as many bytes as the block's own header says.
         requireLength(org.xerial.snappy.Snappy.uncompressedLength(src, srcOff, srcLen), rawLen)

@@ -7,9 +7,9 @@ import org.apache.hadoop.fs.Path
  * always names the path and the state version, so an operator can find the file at fault.
  */
 class StateFileException(val path: Path, val version: Long, reason: String, cause: Throwable = null)
-  extends java.io.IOException(
-    s"heapstate: state file $path (version $version) cannot be used: $reason",
-    cause)
+    extends java.io.IOException(
+      s"heapstate: state file $path (version $version) cannot be used: $reason",
+      cause)
 
 class MissingStateFileException(path: Path, version: Long, reason: String)
-  extends StateFileException(path, version, reason)
+    extends StateFileException(path, version, reason)

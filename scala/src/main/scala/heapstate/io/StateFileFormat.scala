@@ -1,6 +1,14 @@
 package heapstate.io
 
-import java.io.{BufferedOutputStream, DataInputStream, DataOutputStream, EOFException, FilterOutputStream, InputStream, OutputStream}
+import java.io.{
+  BufferedOutputStream,
+  DataInputStream,
+  DataOutputStream,
+  EOFException,
+  FilterOutputStream,
+  InputStream,
+  OutputStream
+}
 import java.nio.ByteBuffer
 import java.util.zip.CRC32C
 
@@ -192,7 +200,8 @@ private final class RecordInput(in: InputStream) {
 
   def readInt(): Int = {
     ensure(4)
-    val v = ((buf(pos) & 0xff) << 24) | ((buf(pos + 1) & 0xff) << 16) | ((buf(pos + 2) & 0xff) << 8) | (buf(pos + 3) & 0xff)
+    val v =
+      ((buf(pos) & 0xff) << 24) | ((buf(pos + 1) & 0xff) << 16) | ((buf(pos + 2) & 0xff) << 8) | (buf(pos + 3) & 0xff)
     pos += 4
     v
   }
@@ -466,7 +475,8 @@ final class SnapshotFileWriter(raw: OutputStream, header: StateFileFormat.Header
       val o = bases(order(j).toInt)
       val oAt = offsets(order(j).toInt)
       if (org.apache.spark.unsafe.Platform.getInt(o, Base + oAt) == keyLength &&
-        org.apache.spark.unsafe.array.ByteArrayMethods.arrayEquals(e, Base + eAt + 8, o, Base + oAt + 8, keyLength)) return true
+        org.apache.spark.unsafe.array.ByteArrayMethods.arrayEquals(e, Base + eAt + 8, o, Base + oAt + 8, keyLength))
+        return true
       j -= 1
     }
     false
@@ -535,7 +545,8 @@ object StateFileReader {
    * header.
    */
   def openSnapshot(
-      in: InputStream, fileLength: Long, path: Path, version: Long, local: Option[java.io.File] = None): Option[SnapshotBuckets] =
+      in: InputStream, fileLength: Long, path: Path, version: Long, local: Option[java.io.File] = None)
+      : Option[SnapshotBuckets] =
     guarded(path, version) {
       val (data, header) = readHeader(in, fileLength, path, version, KindSnapshot)
       if (header.format == 1) None
@@ -561,7 +572,8 @@ object StateFileReader {
       case NonFatal(e) => throw bad(path, version, s"it is damaged (${e.getClass.getSimpleName}: ${e.getMessage})", e)
     }
 
-  private def readHeader(in: InputStream, fileLength: Long, path: Path, version: Long, expectedKind: Byte): (DataInputStream, Header) = {
+  private def readHeader(
+      in: InputStream, fileLength: Long, path: Path, version: Long, expectedKind: Byte): (DataInputStream, Header) = {
     if (fileLength - HeaderBytes - TrailerBytes < 0) {
       throw bad(path, version, s"it is truncated ($fileLength bytes, shorter than a header and trailer)")
     }
@@ -610,8 +622,10 @@ object StateFileReader {
           buckets.read(b) { (entry, _) =>
             onPut match {
               case Left(f) =>
-                val keyLength = org.apache.spark.unsafe.Platform.getInt(entry, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET)
-                f(java.util.Arrays.copyOfRange(entry, 8, 8 + keyLength), java.util.Arrays.copyOfRange(entry, 8 + keyLength, entry.length))
+                val keyLength =
+                  org.apache.spark.unsafe.Platform.getInt(entry, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET)
+                f(java.util.Arrays.copyOfRange(entry, 8, 8 + keyLength),
+                  java.util.Arrays.copyOfRange(entry, 8 + keyLength, entry.length))
               case Right(f) => f(entry)
             }
           }
@@ -641,7 +655,8 @@ object StateFileReader {
         val valueLength = readLength("value")
         val entry = new Array[Byte](8 + keyLength + valueLength)
         org.apache.spark.unsafe.Platform.putInt(entry, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, keyLength)
-        org.apache.spark.unsafe.Platform.putInt(entry, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET + 4, valueLength)
+        org.apache.spark.unsafe.Platform.putInt(entry, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET + 4,
+          valueLength)
         System.arraycopy(keyScratch, 0, entry, 8, keyLength)
         records.readFully(entry, 8 + keyLength, valueLength)
         entry
@@ -669,7 +684,8 @@ object StateFileReader {
         }
       }
       body.drain()
-      if (body.consumed != bodyLength) throw bad(path, version, s"its body ended after ${body.consumed} of $bodyLength bytes")
+      if (body.consumed != bodyLength)
+        throw bad(path, version, s"its body ended after ${body.consumed} of $bodyLength bytes")
       checkTrailer(data, bodyLength, body.crc.getValue.toInt, path, version)
       FileSummary(header, count, keyDelta)
     }
@@ -693,7 +709,8 @@ object StateFileReader {
           val channel = java.nio.channels.FileChannel.open(file.toPath)
           try {
             val size = channel.size()
-            if (size != fileLength) throw bad(path, version, s"it changed while being read ($size bytes, listed with $fileLength)")
+            if (size != fileLength)
+              throw bad(path, version, s"it changed while being read ($size bytes, listed with $fileLength)")
             val (mapped, crc) = ChunkedBytes.map(channel, HeaderBytes, bodyLength)
             val trailer = ByteBuffer.allocate(TrailerBytes)
             while (trailer.hasRemaining && channel.read(trailer, HeaderBytes + bodyLength + trailer.position()) >= 0) {}
@@ -789,7 +806,8 @@ private[io] object ChunkedBytes {
   private val OffsetMask = (1L << ChunkShift) - 1
 
   private def chunkCount(length: Long): Int = ((length + (1L << ChunkShift) - 1) >>> ChunkShift).toInt
-  private def chunkLength(length: Long, c: Int): Int = math.min(1L << ChunkShift, length - (c.toLong << ChunkShift)).toInt
+  private def chunkLength(length: Long, c: Int): Int =
+    math.min(1L << ChunkShift, length - (c.toLong << ChunkShift)).toInt
 
   /**
    * Reads exactly `length` bytes of `in`; running out is an `EOFException`. It asks for at most
@@ -819,7 +837,8 @@ private[io] object ChunkedBytes {
   def map(channel: java.nio.channels.FileChannel, start: Long, length: Long): (ChunkedBytes, Int) = {
     val crc = new CRC32C
     val chunks: Array[ByteBuffer] = Array.tabulate(chunkCount(length)) { c =>
-      val m = channel.map(java.nio.channels.FileChannel.MapMode.READ_ONLY, start + (c.toLong << ChunkShift), chunkLength(length, c))
+      val m = channel.map(java.nio.channels.FileChannel.MapMode.READ_ONLY, start + (c.toLong << ChunkShift),
+        chunkLength(length, c))
       crc.update(m.duplicate())
       m
     }
@@ -930,14 +949,17 @@ final class SnapshotBuckets private[io] (
     try {
       val (src, off) = body.slice(offsets(b), stored)
       codec.blocks.decompress(src, off, stored, raw, rawLength)
-    } catch { case NonFatal(e) => throw bad(b, s"it does not decompress (${e.getClass.getSimpleName}: ${e.getMessage})", e) }
+    } catch {
+      case NonFatal(e) => throw bad(b, s"it does not decompress (${e.getClass.getSimpleName}: ${e.getMessage})", e)
+    }
     var pos = 0
     var n = 0
     while (pos < rawLength) {
       if (raw(pos) != RecordPut) throw bad(b, s"record ${n + 1} has type ${raw(pos)}, not a put")
       if (pos + 9L > rawLength) throw bad(b, s"record ${n + 1} runs past the bucket's end")
       val keyLength = getIntBE(raw, pos + 1)
-      if (keyLength < 0 || pos + 9L + keyLength > rawLength) throw bad(b, s"record ${n + 1} has a key length of $keyLength bytes")
+      if (keyLength < 0 || pos + 9L + keyLength > rawLength)
+        throw bad(b, s"record ${n + 1} has a key length of $keyLength bytes")
       val valueLength = getIntBE(raw, pos + 5 + keyLength)
       if (valueLength < 0 || pos + 9L + keyLength + valueLength > rawLength) {
         throw bad(b, s"record ${n + 1} has a value length of $valueLength bytes")

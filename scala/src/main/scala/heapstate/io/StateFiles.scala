@@ -6,7 +6,10 @@ import scala.util.control.NonFatal
 
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
-import org.apache.spark.sql.execution.streaming.checkpointing.{CheckpointFileManager, FileSystemBasedCheckpointFileManager}
+import org.apache.spark.sql.execution.streaming.checkpointing.{
+  CheckpointFileManager,
+  FileSystemBasedCheckpointFileManager
+}
 
 import heapstate.io.StateFileNames.{Journal, Kind, Snapshot, StateFile}
 
@@ -51,7 +54,8 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
   def writeJournal(version: Long, codec: Codec, id: Option[String], base: Option[String], keyDelta: Long)(
       records: StateFileWriter => Unit): Long =
     writeAtomically(Journal, journalPath(version, id, base)) { out =>
-      val writer = new StateFileWriter(out, StateFileFormat.Header(StateFileFormat.KindJournal, codec, version, partition))
+      val writer =
+        new StateFileWriter(out, StateFileFormat.Header(StateFileFormat.KindJournal, codec, version, partition))
       records(writer)
       writer.finish(keyDelta)
     }
@@ -61,7 +65,8 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
    * `bucketBytes` of records; `pace` is called with the bytes of each entry collected and of each
    * bucket written (see [[SnapshotFileWriter]]), and may throw to give the snapshot up.
    */
-  def writeSnapshot(version: Long, codec: Codec, bucketBytes: Int, id: Option[String] = None, pace: Int => Unit = _ => ())(
+  def writeSnapshot(version: Long, codec: Codec, bucketBytes: Int, id: Option[String] = None,
+      pace: Int => Unit = _ => ())(
       entries: SnapshotFileWriter => Unit): Long =
     writeAtomically(Snapshot, snapshotPath(version, id)) { out =>
       val header = StateFileFormat.Header(StateFileFormat.KindSnapshot, codec, version, partition)
@@ -83,14 +88,16 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
       size
     } catch {
       case NonFatal(e) =>
-        try out.cancel() catch { case NonFatal(c) => e.addSuppressed(c) }
+        try out.cancel()
+        catch { case NonFatal(c) => e.addSuppressed(c) }
         throw e
     }
   }
 
   /** Reads `file`, handing records to the callbacks; see [[StateFileReader]] for the guarantees. */
   def read(file: StateFile)(onPut: (Array[Byte], Array[Byte]) => Unit, onDelete: Array[Byte] => Unit): FileSummary =
-    withInput(file)(in => StateFileReader.read(in, file.length, file.path, file.version, kindByte(file.kind), onPut, onDelete))
+    withInput(file)(in =>
+      StateFileReader.read(in, file.length, file.path, file.version, kindByte(file.kind), onPut, onDelete))
 
   /** Reads `file`, handing each put record over as one entry array (see [[StateFileReader.readEntries]]). */
   def readEntries(file: StateFile)(onEntry: Array[Byte] => Unit, onDelete: Array[Byte] => Unit): FileSummary =
@@ -114,7 +121,8 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
         case e: FileNotFoundException =>
           throw new MissingStateFileException(file.path, file.version, s"it is missing (${e.getMessage})")
       }
-    try body(in) finally in.close()
+    try body(in)
+    finally in.close()
   }
 
   def exists(path: Path): Boolean = fm.exists(path)
@@ -139,7 +147,8 @@ object StateFiles {
    * Elsewhere (HDFS, object stores), and whenever the user names a manager, Spark's choice stands:
    * this is for a `dir` on the local disk `raw`, as [[localFileSystem]] finds it.
    */
-  def fastLocalManager(dir: Path, hadoopConf: Configuration, raw: org.apache.hadoop.fs.RawLocalFileSystem): CheckpointFileManager =
+  def fastLocalManager(
+      dir: Path, hadoopConf: Configuration, raw: org.apache.hadoop.fs.RawLocalFileSystem): CheckpointFileManager =
     new LocalFileManager(dir, hadoopConf, raw)
 
   /** Hadoop's raw local file system holding `dir`, unless `dir` is elsewhere or the user names a manager. */
@@ -147,11 +156,12 @@ object StateFiles {
     if (hadoopConf.get(FileManagerClassKey) != null) None else rawLocal(dir.getFileSystem(hadoopConf))
 
   /** Hadoop's raw local file system under `fs`, when `fs` is the local disk (Hadoop's own classes for it). */
-  private def rawLocal(fs: org.apache.hadoop.fs.FileSystem): Option[org.apache.hadoop.fs.RawLocalFileSystem] = fs match {
-    case raw: org.apache.hadoop.fs.RawLocalFileSystem => Some(raw)
-    case checksummed: org.apache.hadoop.fs.LocalFileSystem => rawLocal(checksummed.getRawFileSystem)
-    case _ => None
-  }
+  private def rawLocal(fs: org.apache.hadoop.fs.FileSystem): Option[org.apache.hadoop.fs.RawLocalFileSystem] =
+    fs match {
+      case raw: org.apache.hadoop.fs.RawLocalFileSystem => Some(raw)
+      case checksummed: org.apache.hadoop.fs.LocalFileSystem => rawLocal(checksummed.getRawFileSystem)
+      case _ => None
+    }
 
   /**
    * The FileSystem-based manager, writing its temporary files straight to the local disk: no
@@ -165,8 +175,9 @@ object StateFiles {
    * commit. A `FileOutputStream` makes the file with the process's umask, as Hadoop's default
    * permission does.
    */
-  private final class LocalFileManager(dir: Path, hadoopConf: Configuration, raw: org.apache.hadoop.fs.RawLocalFileSystem)
-    extends FileSystemBasedCheckpointFileManager(dir, hadoopConf) {
+  private final class LocalFileManager(dir: Path, hadoopConf: Configuration,
+      raw: org.apache.hadoop.fs.RawLocalFileSystem)
+      extends FileSystemBasedCheckpointFileManager(dir, hadoopConf) {
     override def createTempFile(path: Path): org.apache.hadoop.fs.FSDataOutputStream = {
       val file = raw.pathToFile(path)
       val out = new java.io.BufferedOutputStream(new java.io.FileOutputStream(file), StateFileFormat.BufferBytes)
@@ -179,7 +190,8 @@ object StateFiles {
       case None => StateFileNames.journal(dir, version)
       case Some(i) => new Path(dir, s"${version}_${i}_*${StateFileNames.JournalSuffix}")
     }
-    new MissingStateFileException(path, version, "it is missing, and no snapshot at or above an " +
-      "earlier version can rebuild this version without it")
+    new MissingStateFileException(path, version,
+      "it is missing, and no snapshot at or above an " +
+        "earlier version can rebuild this version without it")
   }
 }

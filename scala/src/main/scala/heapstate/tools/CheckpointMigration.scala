@@ -119,8 +119,11 @@ object CheckpointMigration {
         catch {
           case e: MigrationException => throw e
           case NonFatal(e) =>
-            throw new MigrationException(s"$spec (${spec.id(stateRoot).storeCheckpointLocation()}): " +
-              s"could not convert version $version from ${short(sourceProvider)} to ${short(targetProvider)}: ${causes(e)}", e)
+            throw new MigrationException(
+              s"$spec (${spec.id(stateRoot).storeCheckpointLocation()}): " +
+                s"could not convert version $version from ${short(sourceProvider)} to ${short(targetProvider)}: ${causes(e)}",
+              e
+            )
         }
       stores.add(entry)
     }
@@ -152,15 +155,18 @@ object CheckpointMigration {
       val partitions = numericDirs(fs, opDir).map(_.toInt)
       val (name, stores) = operatorMetadata(opDir, hadoopConf) match {
         case Some(m) =>
-          (m.operatorInfo.operatorName, m.stateStoreInfo.toSeq.map(s => (s.storeName, s.numColsPrefixKey, s.numPartitions)))
+          (m.operatorInfo.operatorName,
+            m.stateStoreInfo.toSeq.map(s => (s.storeName, s.numColsPrefixKey, s.numPartitions)))
         case None =>
           // Checkpoints written before Spark 3.5 have no operator metadata: the store names come
           // from the directories, and no prefix scan is declared (iteration does not need one).
           val first = new Path(opDir, partitions.headOption.getOrElse(0).toString)
           val named = if (fs.exists(first)) fs.listStatus(first).toSeq
             .filter(s => s.isDirectory && !s.getPath.getName.startsWith("_") && !s.getPath.getName.startsWith("."))
-            .map(_.getPath.getName).sorted else Nil
-          ("unknown", (if (named.isEmpty) Seq(StateStoreId.DEFAULT_STORE_NAME) else named).map(n => (n, 0, partitions.size)))
+            .map(_.getPath.getName).sorted
+          else Nil
+          ("unknown",
+            (if (named.isEmpty) Seq(StateStoreId.DEFAULT_STORE_NAME) else named).map(n => (n, 0, partitions.size)))
       }
       stores.flatMap { case (storeName, prefixCols, numPartitions) =>
         val missing = (0 until numPartitions).filterNot(partitions.contains)
@@ -184,7 +190,8 @@ object CheckpointMigration {
     catch { case _: FileNotFoundException => None }
 
   /** The key and value schema Spark recorded for a store, in partition 0's `_metadata/schema`. */
-  private def schemas(stateRoot: Path, op: Long, storeName: String, opName: String, hadoopConf: Configuration): (StructType, StructType) = {
+  private def schemas(stateRoot: Path, op: Long, storeName: String, opName: String, hadoopConf: Configuration)
+      : (StructType, StructType) = {
     val storeDir = StateStoreId(stateRoot.toString, op, 0, storeName).storeCheckpointLocation()
     val file = StateSchemaCompatibilityChecker.schemaFile(storeDir)
     val fs = file.getFileSystem(hadoopConf)
@@ -220,25 +227,30 @@ object CheckpointMigration {
     new StateStoreConf(sqlConf, Map.empty)
   }
 
-  private def open(providerClass: String, spec: StoreSpec, root: Path, storeConf: StateStoreConf, hadoopConf: Configuration): StateStoreProvider = {
+  private def open(providerClass: String, spec: StoreSpec, root: Path, storeConf: StateStoreConf,
+      hadoopConf: Configuration): StateStoreProvider = {
     val loader = Option(Thread.currentThread.getContextClassLoader).getOrElse(getClass.getClassLoader)
-    val provider = Class.forName(providerClass, true, loader).getDeclaredConstructor().newInstance().asInstanceOf[StateStoreProvider]
-    provider.init(spec.id(root), spec.keySchema, spec.valueSchema, spec.encoderSpec, false, storeConf, hadoopConf, false, None)
+    val provider =
+      Class.forName(providerClass, true, loader).getDeclaredConstructor().newInstance().asInstanceOf[StateStoreProvider]
+    provider.init(spec.id(root), spec.keySchema, spec.valueSchema, spec.encoderSpec, false, storeConf, hadoopConf,
+      false, None)
     provider
   }
 
   /** Reads every row of `version` through `provider`, handing its bytes to `onRow`. */
-  private def readAll(provider: StateStoreProvider, version: Long)(onRow: (Array[Byte], Array[Byte]) => Unit): ContentDigest = {
+  private def readAll(provider: StateStoreProvider, version: Long)(
+      onRow: (Array[Byte], Array[Byte]) => Unit): ContentDigest = {
     val digest = new ContentDigest
     val store = provider.getReadStore(version, None)
     try {
       val rows = store.iterator()
       try rows.foreach { pair =>
-        val k = pair.key.getBytes
-        val v = pair.value.getBytes
-        digest.add(k, v)
-        onRow(k, v)
-      } finally rows.close()
+          val k = pair.key.getBytes
+          val v = pair.value.getBytes
+          digest.add(k, v)
+          onRow(k, v)
+        }
+      finally rows.close()
     } finally store.abort()
     digest
   }
@@ -261,24 +273,30 @@ object CheckpointMigration {
     val source = open(sourceClass, spec, stateRoot, storeConf, hadoopConf)
     val read =
       try stagingRoot match {
-        case None => readAll(source, version)((_, _) => ())
-        case Some(root) =>
-          val target = new Path(root, "state")
-          val file = if (targetClass == HeapProvider) {
-            stageHeapstate(spec, source, target, version, confs, hadoopConf)
-          } else {
-            stageHdfs(spec, source, root, version, storeConf, hadoopConf)
-          }
-          staged.add(target.toUri.relativize(file._2.toUri).getPath)
-          file._1
-      } finally source.close()
+          case None => readAll(source, version)((_, _) => ())
+          case Some(root) =>
+            val target = new Path(root, "state")
+            val file = if (targetClass == HeapProvider) {
+              stageHeapstate(spec, source, target, version, confs, hadoopConf)
+            } else {
+              stageHdfs(spec, source, root, version, storeConf, hadoopConf)
+            }
+            staged.add(target.toUri.relativize(file._2.toUri).getPath)
+            file._1
+        }
+      finally source.close()
     stagingRoot.foreach { root =>
       val target = open(targetClass, spec, new Path(root, "state"), storeConf, hadoopConf)
-      val loaded = try readAll(target, version)((_, _) => ()) finally target.close()
+      val loaded =
+        try readAll(target, version)((_, _) => ())
+        finally target.close()
       if (loaded != read) {
-        throw new MigrationException(s"$spec: the converted state does not match the source: version $version " +
-          s"read ${read.rows} rows from ${short(sourceClass)} (digest ${read.hex}) but ${loaded.rows} rows " +
-          s"loaded back with ${short(targetClass)} (digest ${loaded.hex}) from ${spec.id(new Path(root, "state")).storeCheckpointLocation()}", null)
+        throw new MigrationException(
+          s"$spec: the converted state does not match the source: version $version " +
+            s"read ${read.rows} rows from ${short(sourceClass)} (digest ${read.hex}) but ${loaded.rows} rows " +
+            s"loaded back with ${short(targetClass)} (digest ${loaded.hex}) from ${spec.id(new Path(root, "state")).storeCheckpointLocation()}",
+          null
+        )
       }
     }
     val out = new JMap[String, AnyRef]()
@@ -308,7 +326,9 @@ object CheckpointMigration {
     val files = new StateFiles(spec.id(target).storeCheckpointLocation(), hadoopConf, spec.partition)
     val conf = HeapStateConf(confs)
     var digest: ContentDigest = null
-    files.writeSnapshot(version, conf.codec, conf.snapshotBucketBytes) { w => digest = readAll(source, version)((k, v) => w.put(k, v)) }
+    files.writeSnapshot(version, conf.codec, conf.snapshotBucketBytes) { w =>
+      digest = readAll(source, version)((k, v) => w.put(k, v))
+    }
     (digest, files.snapshotPath(version))
   }
 
@@ -332,7 +352,8 @@ object CheckpointMigration {
       try {
         val store = scratch.getStore(0, None, true, false)
         try {
-          val d = readAll(source, version)((k, v) => store.put(row(k, spec.keySchema.length), row(v, spec.valueSchema.length)))
+          val d = readAll(source, version)((k, v) =>
+            store.put(row(k, spec.keySchema.length), row(v, spec.valueSchema.length)))
           store.commit()
           d
         } finally if (!store.hasCommitted) store.abort()

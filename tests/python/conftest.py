@@ -58,6 +58,33 @@ BatchOutput = tuple[int, Rows]
 
 
 # --------------------------------------------------------------------------------------------
+# Test order
+
+LONGEST_FIRST = (
+    "test_kill.py",
+    "test_notebooks.py",
+    "test_executor_loss.py",
+    "test_task_failure.py",
+    "test_delta.py",
+    "test_soak.py",
+)
+"""The test files that take longest (two to eight minutes each), longest first. ``bin/test`` runs
+pytest with two xdist workers that take whole files in collection order (``--dist loadfile
+--no-loadscope-reorder``): started first, these do not leave one worker running the kill test
+alone at the end."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Moves the files of :data:`LONGEST_FIRST` to the front, in that order; the rest keep theirs."""
+
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: tests keep their order within a file and among the rest
+
+
+# --------------------------------------------------------------------------------------------
 # The session
 
 

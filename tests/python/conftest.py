@@ -68,7 +68,7 @@ LONGEST_FIRST = (
     "test_delta.py",
     "test_soak.py",
 )
-"""The test files that take longest (two to eight minutes each), longest first. ``bin/test`` runs
+"""The test files that take longest (one to eight minutes each, run alone), longest first. ``bin/test`` runs
 pytest with two xdist workers that take whole files in collection order (``--dist loadfile
 --no-loadscope-reorder``): started first, these do not leave one worker running the kill test
 alone at the end."""

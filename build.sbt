@@ -55,6 +55,15 @@ lazy val root = (project in file("."))
     Test / testOptions += Tests.Argument(TestFrameworks.ScalaTest, "-oD")
   )
 
+// `run` in a JVM of its own, from the checkout's root, its output straight to the console: the
+// bench and fmt projects' tools.
+lazy val forkedRunFromRoot = Seq(
+  run / fork := true,
+  run / connectInput := false,
+  run / baseDirectory := (root / baseDirectory).value,
+  run / outputStrategy := Some(StdoutOutput)
+)
+
 // Benchmarks that drive StateStore directly (W3). Not part of `bin/sbt test`; run with
 // `bin/sbt "bench/run --size small"` or bench/w3.sh.
 lazy val bench = (project in file("bench"))
@@ -66,12 +75,9 @@ lazy val bench = (project in file("bench"))
     Compile / run / mainClass := Some("heapstate.bench.W3StoreOps"),
     Compile / resourceDirectory := baseDirectory.value / "resources",
     Compile / unmanagedJars ++= (root / sparkJarsDir).map(d => (d ** "*.jar").classpath).value,
-    run / fork := true,
-    run / connectInput := false,
-    run / baseDirectory := (root / baseDirectory).value,
+    forkedRunFromRoot,
     run / javaOptions ++= Seq("-Xms6g", "-Xmx6g"),
-    run / javaOptions ++= (root / Test / javaOptions).value.filter(_.startsWith("--add-opens")),
-    run / outputStrategy := Some(StdoutOutput)
+    run / javaOptions ++= (root / Test / javaOptions).value.filter(_.startsWith("--add-opens"))
   )
 
 // scalafmt, run from Maven Central's scalafmt-cli with the checked-in .scalafmt.conf: bin/test runs
@@ -81,8 +87,5 @@ lazy val fmt = (project in file("target/fmt"))
     name := "heapstate-fmt",
     libraryDependencies += "org.scalameta" %% "scalafmt-cli" % "3.7.17",
     Compile / run / mainClass := Some("org.scalafmt.cli.Cli"),
-    run / fork := true,
-    run / connectInput := false,
-    run / baseDirectory := (root / baseDirectory).value,
-    run / outputStrategy := Some(StdoutOutput)
+    forkedRunFromRoot
   )

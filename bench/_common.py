@@ -21,9 +21,11 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from collections.abc import Callable, Iterable, Sequence
@@ -194,7 +196,13 @@ def run_worker(
     env: dict[str, str] | None = None,
 ) -> None:
     """Run ``python script args...`` to completion, appending its output to ``log_path`` and
-    echoing its progress lines. Raises ``RuntimeError`` naming the log if it fails."""
+    echoing its progress lines. Raises ``RuntimeError`` naming the log if it fails.
+
+    The worker runs in a process group of its own, with its Spark JVM. Once the worker has exited,
+    its JVM gets ``JVM_EXIT_GRACE_S`` to follow, and is then killed: in stop 44 a RocksDB restart
+    worker's JVM hung in its shutdown after the worker had written its figures, and, holding the
+    worker's stderr open, stalled the whole benchmark until it was killed by hand. The group is
+    killed too when the benchmark itself stops on an error or Ctrl-C."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     cmd = [python, str(script), *args]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -202,21 +210,56 @@ def run_worker(
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
         proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.PIPE, text=True, env=full_env, bufsize=1
+            cmd,
+            stdout=log,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=full_env,
+            bufsize=1,
+            start_new_session=True,
         )
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            log.write(line)
-            if line.startswith(PROGRESS_TAG):
-                sys.stderr.write(line[len(PROGRESS_TAG) :])
-                sys.stderr.flush()
-        rc = proc.wait()
+
+        def copy_output() -> None:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                log.write(line)
+                if line.startswith(PROGRESS_TAG):
+                    sys.stderr.write(line[len(PROGRESS_TAG) :])
+                    sys.stderr.flush()
+
+        reader = threading.Thread(target=copy_output, daemon=True)
+        reader.start()
+        try:
+            rc = proc.wait()
+            reader.join(JVM_EXIT_GRACE_S)
+            if reader.is_alive():
+                log.write(
+                    f"[bench] the worker exited ({rc}) but its JVM still ran "
+                    f"{JVM_EXIT_GRACE_S:.0f} s later: killed\n"
+                )
+                _kill_group(proc.pid)
+                reader.join(10)
+        finally:
+            if proc.poll() is None:
+                _kill_group(proc.pid)
     if rc != 0:
         tail = log_path.read_text(errors="replace").splitlines()[-15:]
         raise RuntimeError(
             f"worker {' '.join(args[:2])} failed with exit code {rc}; full log in {log_path}; "
             "it ends with:\n  " + "\n  ".join(tail)
         )
+
+
+JVM_EXIT_GRACE_S = 60.0
+"""How long ``run_worker`` lets a worker's JVM outlive the worker before it kills it."""
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL every process left in the process group ``pgid`` (a worker and its JVM)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def pyspark_submit_args(
@@ -510,6 +553,66 @@ def jvm_heap_after_gc(spark: Any, rounds: int = 3, patience_s: float = 30.0) -> 
     }
 
 
+def jvm_pid(spark: Any) -> int:
+    """The process id of the driver JVM (with ``local[*]``, also the executor)."""
+    return int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+
+
+@dataclass(frozen=True)
+class ProcCounters:
+    """What Linux counts for a process and its machine, read at one moment (``proc_counters``).
+
+    - ``minor_faults``: the process's minor page faults. A JVM takes one the first time it writes
+      a page of heap that G1 committed but nothing has used yet, so a batch whose young generation
+      grows into new heap takes thousands (stop 44: 11,000 to 28,000 in W1's slowest batches,
+      about 100 in a median one).
+    - ``cpu_ms``: the process's CPU time, every thread (tasks, GC, JIT, heapstate's snapshots).
+    - ``steal_ms``: the machine's steal time over all its CPUs: time a hypervisor gave this
+      virtual machine's CPUs to something else.
+    """
+
+    minor_faults: int
+    cpu_ms: float
+    steal_ms: float
+
+    def since(self, before: ProcCounters) -> dict[str, int]:
+        """The counts from ``before`` to this reading, as a W1 batch records them."""
+        return {
+            "minor_faults": self.minor_faults - before.minor_faults,
+            "jvm_cpu_ms": round(self.cpu_ms - before.cpu_ms),
+            "steal_ms": round(self.steal_ms - before.steal_ms),
+        }
+
+
+def proc_counters(pid: int) -> ProcCounters | None:
+    """``ProcCounters`` of process ``pid`` now, from ``/proc/<pid>/stat`` and ``/proc/stat``; None
+    where they cannot be read (not Linux, or the process is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        machine = Path("/proc/stat").read_text()
+    except OSError:
+        return None
+    return parse_proc_counters(stat, machine, os.sysconf("SC_CLK_TCK"))
+
+
+def parse_proc_counters(stat: str, machine: str, ticks_per_s: int) -> ProcCounters:
+    """``ProcCounters`` from a ``/proc/<pid>/stat`` line and ``/proc/stat``, whose times are in
+    ticks of ``1 / ticks_per_s`` seconds.
+
+    The process's command name, in parentheses, may itself hold spaces and parentheses, so its
+    fields are counted from the last ``)``: the first after it is the stat's third (the state),
+    and ``minflt``, ``utime`` and ``stime`` are the tenth, fourteenth and fifteenth. ``/proc/stat``'s
+    ``cpu`` line sums every CPU: user, nice, system, idle, iowait, irq, softirq, then steal."""
+    fields = stat[stat.rindex(")") + 1 :].split()
+    cpu = next(line for line in machine.splitlines() if line.startswith("cpu "))
+    ms = 1000 / ticks_per_s
+    return ProcCounters(
+        minor_faults=int(fields[7]),
+        cpu_ms=(int(fields[11]) + int(fields[12])) * ms,
+        steal_ms=int(cpu.split()[8]) * ms,
+    )
+
+
 def heap_after_full_gcs(heap: dict[str, Any] | None) -> int | None:
     """``used`` of a ``jvm_heap_after_gc`` record, or None when not one full collection ran
     before it was read (a record without ``full_gcs`` predates that check: taken as it is)."""
@@ -555,7 +658,25 @@ def slowest_batch_detail(target: dict[str, Any]) -> str:
     commit = target.get("slowest_batch_commit_ms")
     if commit is not None:
         parts.append(f"its commit {fmt_ms(commit)}")
-    return "; slowest: " + ", ".join(parts)
+    # The /proc counts of the slowest batch, each beside a median batch's (stop 44 on).
+    for key, what in (
+        ("minor_faults", "{} minor page faults"),
+        ("jvm_cpu_ms", "{} ms of the JVM's CPU"),
+        ("steal_ms", "{} ms stolen by the hypervisor"),
+    ):
+        value = target.get(f"slowest_batch_{key}")
+        if value is not None:
+            typical = target.get(f"median_batch_{key}")
+            of = f" (a median batch {typical:,.0f})" if typical is not None else ""
+            parts.append(what.format(f"{value:,.0f}") + of)
+    detail = "; slowest: " + ", ".join(parts)
+    others = target.get("others_max_over_median") or {}
+    if others:
+        each = ", ".join(
+            f"{PROVIDERS[n].label} {r:.2f}x" for n, r in others.items() if n in PROVIDERS
+        )
+        detail += f"; the other providers' max over median: {each}"
+    return detail
 
 
 def fmt_ms_fine(value: float) -> str:

@@ -66,6 +66,7 @@ from _common import (
     heap_after_full_gcs,
     host_info,
     jvm_heap_after_gc,
+    jvm_pid,
     marking_ms_between,
     maximum,
     median,
@@ -73,6 +74,7 @@ from _common import (
     parse_providers,
     pauses_between,
     print_comparison,
+    proc_counters,
     progress,
     pyspark_submit_args,
     recovery_chains,
@@ -260,6 +262,10 @@ def _start_query(spark: Any, input_dir: Path, checkpoint: Path) -> Any:
     )
 
 
+PROC_KEYS = ("minor_faults", "jvm_cpu_ms", "steal_ms")
+"""What a batch's record counts of the worker JVM and the machine (``ProcCounters.since``)."""
+
+
 def _batch_record(
     p: dict[str, Any], wall_ms: float, files: dict[str, Any], window: tuple[float, float]
 ) -> dict[str, Any]:
@@ -289,14 +295,21 @@ def _batch_record(
 
 
 def _run_one_batch(
-    spark_query: Any, spec: dict[str, Any], batch: int, files: StateFiles
+    spark_query: Any, spec: dict[str, Any], batch: int, files: StateFiles, pid: int
 ) -> dict[str, Any]:
+    """Run one batch; its record also holds what Linux counted for the worker JVM (``pid``) and
+    the machine meanwhile (``ProcCounters``)."""
     data_dir, input_dir = Path(spec["data_dir"]), Path(spec["work_dir"]) / "input"
+    before = proc_counters(pid)
     started, start_epoch = time.monotonic(), time.time() * 1000
     _drop_file(data_dir, input_dir, batch)
     p = wait_for_batch(spark_query, batch)
     wall_ms = (time.monotonic() - started) * 1000
-    return _batch_record(p, wall_ms, files.step(), (start_epoch, time.time() * 1000))
+    end_epoch, after = time.time() * 1000, proc_counters(pid)
+    rec = _batch_record(p, wall_ms, files.step(), (start_epoch, end_epoch))
+    if before is not None and after is not None:
+        rec.update(after.since(before))
+    return rec
 
 
 def _describe(provider: str, what: str, rec: dict[str, Any]) -> str:
@@ -305,6 +318,11 @@ def _describe(provider: str, what: str, rec: dict[str, Any]) -> str:
         f"commit {fmt_ms(rec['commit_ms'] or 0)}, state +{fmt_bytes(rec['state_bytes_new'])} "
         f"(total {fmt_bytes(rec['state_bytes_total'])}), "
         f"memoryUsed {fmt_bytes(rec['memory_used_bytes'] or 0)}"
+        + (
+            f", {rec['minor_faults']:,} minor faults, JVM CPU {fmt_ms(rec['jvm_cpu_ms'])}"
+            if "minor_faults" in rec
+            else ""
+        )
     )
 
 
@@ -363,9 +381,10 @@ def _run_batches(spark: Any, spec: dict[str, Any]) -> dict[str, Any]:
     files = StateFiles(work / "checkpoint" / "state")
     query = _start_query(spark, work / "input", work / "checkpoint")
     batches = []
+    pid = jvm_pid(spark)
     try:
         for batch in range(spec["batches"]):
-            rec = _run_one_batch(query, spec, batch, files)
+            rec = _run_one_batch(query, spec, batch, files, pid)
             batches.append(rec)
             progress(_describe(_run_name(spec), f"batch {batch}/{spec['batches'] - 1}", rec))
         # Taken while the query is live, so the loaded state stores count.
@@ -514,6 +533,7 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         parts = [(b.get("custom_metrics") or {}).get(metric) for b in steady]
         return median([v / 1000 for v in parts if v is not None])
 
+    counted = {key: [b[key] for b in steady if b.get(key) is not None] for key in PROC_KEYS}
     heap_after = heap_after_full_gcs(run.get("heap_after"))
     heap_base = heap_after_full_gcs(run.get("heap_baseline"))
     return {
@@ -568,6 +588,10 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
             else None
         ),
         "trigger_ms_max_commit_ms": slowest["commit_ms"] if slowest else None,
+        # What Linux counted in the steady batches (ProcCounters; reports before stop 44 have
+        # none): the median batch's, and the slowest one's.
+        **{f"{key}_median": median(counted[key]) if counted[key] else None for key in PROC_KEYS},
+        **{f"trigger_ms_max_{key}": slowest.get(key) if slowest else None for key in PROC_KEYS},
     }
 
 
@@ -603,6 +627,16 @@ METRICS = [
         lambda v: f"{v:,.0f}",
     ),
     Metric("trigger_ms_max_marking_ms", "  G1 marking in the slowest batch", fmt_ms),
+    Metric(
+        "minor_faults_median",
+        f"JVM minor page faults a batch (median, batch >= {STEADY_FROM})",
+        lambda v: f"{v:,.0f}",
+    ),
+    Metric("trigger_ms_max_minor_faults", "  in the slowest batch", lambda v: f"{v:,.0f}"),
+    Metric("jvm_cpu_ms_median", f"JVM CPU a batch (median, batch >= {STEADY_FROM})", fmt_ms),
+    Metric("trigger_ms_max_jvm_cpu_ms", "  in the slowest batch", fmt_ms),
+    Metric("steal_ms_median", f"CPU stolen a batch (median, batch >= {STEADY_FROM})", fmt_ms),
+    Metric("trigger_ms_max_steal_ms", "  in the slowest batch", fmt_ms),
 ]
 
 
@@ -645,6 +679,19 @@ def targets(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         spikes["slowest_batch_marking_ms"] = hs.get("trigger_ms_max_marking_ms")
         spikes["slowest_batch_pause_ms"] = hs.get("trigger_ms_max_pause_ms")
         spikes["slowest_batch_commit_ms"] = hs.get("trigger_ms_max_commit_ms")
+        for key in PROC_KEYS:
+            if hs.get(f"trigger_ms_max_{key}") is not None:
+                spikes[f"slowest_batch_{key}"] = hs[f"trigger_ms_max_{key}"]
+                spikes[f"median_batch_{key}"] = hs.get(f"{key}_median")
+    # The same ratio for the other providers of the run: a JVM's own slow batches (its heap
+    # growing, G1 marking) slow every provider, and this tells them from heapstate's.
+    others = {
+        name: s["trigger_ms_max"] / s["trigger_ms_median"]
+        for name, s in summaries.items()
+        if name != "heapstate" and s.get("trigger_ms_max") and s.get("trigger_ms_median")
+    }
+    if hs and others:
+        spikes["others_max_over_median"] = others
     return [
         check(
             "median bytes/batch <= 0.6x HDFS",

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -194,3 +195,63 @@ def test_the_commit_split_is_the_median_of_heapstates_commit_metrics() -> None:
     plain = w1.summarize({"batches": [_batch(b, 1000 * b, 300) for b in range(6)], "gc_pauses": []})
     assert plain["commit_store_ms_median"] is None and plain["commit_report_ms_median"] is None
     assert plain["commit_store_cpu_ms_median"] is None
+
+
+def test_proc_counters_are_read_past_the_command_name() -> None:
+    from _common import parse_proc_counters, proc_counters
+
+    # pid (comm) state ppid pgrp session tty_nr tpgid flags minflt cminflt majflt cmajflt utime
+    # stime ...; the command name holds a space and a parenthesis.
+    stat = "4242 (java) x (1)) S 1 4242 4242 0 -1 4194560 123456 0 7 0 55 12 0 0 20\n"
+    machine = "cpu  100 0 50 9000 3 0 2 17 0 0\ncpu0 50 0 25 4500 1 0 1 9 0 0\nintr 5\n"
+    counted = parse_proc_counters(stat, machine, 100)
+    assert (counted.minor_faults, counted.cpu_ms, counted.steal_ms) == (123456, 670.0, 170.0)
+    later = parse_proc_counters(
+        stat.replace(" 123456 ", " 123556 ").replace(" 55 ", " 60 "), machine, 100
+    )
+    assert later.since(counted) == {"minor_faults": 100, "jvm_cpu_ms": 50, "steal_ms": 0}
+    # This process has run and faulted; one that does not exist has nothing to read.
+    if Path("/proc/self/stat").exists():
+        mine = proc_counters(os.getpid())
+        assert mine is not None and mine.minor_faults > 0 and mine.cpu_ms > 0
+    assert proc_counters(2**31 - 1) is None
+
+
+def test_the_spike_target_counts_the_slowest_batch_and_the_other_providers(
+    capsys: Any,
+) -> None:
+    batches = [_batch(b, 1000 * b, t) for b, t in enumerate([1500, 400, 300, 700, 300, 320])]
+    for b, faults in zip(batches, [90_000, 8_000, 1_000, 30_000, 2_000, 1_500]):
+        b.update(minor_faults=faults, jvm_cpu_ms=faults // 10, steal_ms=b["batch"])
+    summary = w1.summarize({"batches": batches})
+    assert summary["trigger_ms_max_batch"] == 3
+    assert summary["trigger_ms_max_minor_faults"] == 30_000
+    assert summary["minor_faults_median"] == 1_750  # batches 2 to 5: 1,000, 30,000, 2,000, 1,500
+    assert summary["trigger_ms_max_jvm_cpu_ms"] == 3_000
+    assert summary["jvm_cpu_ms_median"] == 175
+    assert (summary["trigger_ms_max_steal_ms"], summary["steal_ms_median"]) == (3, 3.5)
+    hdfs = {"trigger_ms_max": 900.0, "trigger_ms_median": 500.0}
+    rocks = {"trigger_ms_max": 640.0, "trigger_ms_median": 400.0}
+    found = w1.targets({"heapstate": summary, "hdfs": hdfs, "rocksdb-changelog": rocks})
+    spikes = next(t for t in found if t["target"].startswith("max trigger"))
+    assert spikes["slowest_batch_minor_faults"] == 30_000
+    assert spikes["median_batch_minor_faults"] == 1_750
+    assert spikes["others_max_over_median"] == {"hdfs": 1.8, "rocksdb-changelog": 1.6}
+    w1.print_targets([spikes])
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "  FAIL  max trigger <= 1.5x median (batch >= 2)  (700 vs limit 465); "
+        "slowest: batch 3, its commit 10 ms, 30,000 minor page faults (a median batch 1,750), "
+        "3,000 ms of the JVM's CPU (a median batch 175), "
+        "3 ms stolen by the hypervisor (a median batch 4); "
+        "the other providers' max over median: HDFS 1.80x, RocksDB+changelog 1.60x"
+    )
+    # A report from before these were counted has none of them.
+    for b in batches:
+        for key in w1.PROC_KEYS:
+            del b[key]
+    older = w1.summarize({"batches": batches})
+    for key in w1.PROC_KEYS:
+        assert older[f"{key}_median"] is None
+        assert older[f"trigger_ms_max_{key}"] is None
+    spikes = next(t for t in w1.targets({"heapstate": older}) if t["target"].startswith("max"))
+    assert not any(k.startswith("median_batch") for k in spikes)

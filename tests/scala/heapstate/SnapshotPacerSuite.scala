@@ -13,20 +13,22 @@ class SnapshotPacerSuite extends AnyFunSuite {
    * A pacer on clocks that only move when the test works (`work`) or the pacer parks: the wall
    * clock by the work and any wait for a core, the thread's CPU clock by the work alone.
    */
-  private final class Rig(dutyCycle: Double, abandonAfterParks: Int = Int.MaxValue) {
+  private final class Rig(dutyCycle: Double, abandonAfterParks: Int = Int.MaxValue,
+      restWhenIdle: Option[Boolean] = Some(true)) {
     var now = 0L
     var cpu = 0L
     var abandonNow = false
     /** The tasks are busy (a store written or a commit running) until the wall clock reaches this. */
     var busyUntil = 0L
     val parks = scala.collection.mutable.ArrayBuffer.empty[Long]
-    val pacer = new SnapshotPacer(
-      dutyCycle,
-      abandon = () => abandonNow || parks.length >= abandonAfterParks,
-      clock = () => now,
-      park = n => { parks += n; now += n },
-      cpuClock = () => cpu,
-      busy = () => now < busyUntil)
+    private val abandonIt = () => abandonNow || parks.length >= abandonAfterParks
+    private val parkIt = (n: Long) => { parks += n; now += n }
+    val pacer = restWhenIdle match {
+      case Some(rest) =>
+        new SnapshotPacer(dutyCycle, abandonIt, () => now, parkIt, () => cpu, () => now < busyUntil, rest)
+      case None => // the default, which follows StateEngine.taskPluginActive
+        new SnapshotPacer(dutyCycle, abandonIt, () => now, parkIt, () => cpu, () => now < busyUntil)
+    }
     /** Works `ms` milliseconds of CPU, after waiting `waitedMs` for a core, then reports `bytes` written. */
     def work(ms: Long, bytes: Int = MiB, waitedMs: Long = 0): Unit = {
       now += (ms + waitedMs) * Ms; cpu += ms * Ms; pacer.wrote(bytes)
@@ -129,6 +131,42 @@ class SnapshotPacerSuite extends AnyFunSuite {
     rig.busyUntil = Long.MaxValue
     intercept[SnapshotPacer.Abandoned](rig.work(10))
     assert(rig.parks == Seq(20 * Ms) ++ Seq.fill(5)(Ms), "the rest, then five polls, and no wait after the abandon")
+  }
+
+  test("with the plugin, a chunk that met no busy task takes no rest; one that did rests, then waits") {
+    val rig = new Rig(1.0 / 3, restWhenIdle = Some(false))
+    rig.work(10)
+    rig.work(30)
+    assert(rig.parks.isEmpty && rig.now == 40 * Ms, "two MiB on idle cores: no rest")
+    rig.work(2, MiB / 8)
+    rig.busyUntil = 65 * Ms // a task opens a store now, at 42 ms, and commits it at 65 ms
+    rig.work(1, MiB / 8)
+    assert(rig.parks == Seq(6 * Ms) ++ Seq.fill(16)(Ms), "3 ms of work rest 6 ms, then wait from 49 ms to 65 ms")
+    rig.work(1, MiB / 8)
+    rig.work(9, MiB - MiB / 8)
+    assert(rig.parks.length == 17 && rig.now == 75 * Ms, "the tasks are done: the next MiB runs without a rest")
+  }
+
+  test("with the plugin and the tasks always busy, small writes still get a ninth of the wall time as work") {
+    val rig = new Rig(1.0 / 3, restWhenIdle = Some(false))
+    rig.busyUntil = Long.MaxValue
+    val writeNs = 100000L
+    while (rig.now < 3000 * Ms) { rig.now += writeNs; rig.cpu += writeNs; rig.pacer.wrote(MiB / 32) }
+    val share = rig.cpu.toDouble / rig.now
+    assert(share >= 1.0 / 9 - 0.01 && share <= 1.0 / 3, s"work share $share over ${rig.now / Ms} ms")
+  }
+
+  test("by default an idle chunk rests unless TaskActivityPlugin counts the tasks") {
+    assert(!StateEngine.taskPluginActive, "another suite left the plugin's executor counted")
+    val without = new Rig(1.0 / 3, restWhenIdle = None)
+    without.work(10)
+    assert(without.parks == Seq(20 * Ms))
+    StateEngine.taskPluginStarted(2)
+    try {
+      val counted = new Rig(1.0 / 3, restWhenIdle = None)
+      counted.work(10)
+      assert(counted.parks.isEmpty && counted.now == 10 * Ms)
+    } finally StateEngine.taskPluginStopped()
   }
 
   test("a duty cycle outside (0, 1] is refused") {

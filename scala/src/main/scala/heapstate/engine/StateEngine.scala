@@ -16,8 +16,9 @@ final case class EngineSettings(
     snapshotBucketBytes: Int)
 
 /**
- * Spreads a background snapshot out in time: after every MiB of entries, it sleeps long enough
- * that the snapshot thread uses at most `dutyCycle` of one core over the snapshot's wall time. A
+ * Spreads a background snapshot out in time: after every MiB of entries that shared the cores with
+ * busy tasks, it sleeps long enough that the snapshot thread uses at most `dutyCycle` of one core
+ * over the snapshot's wall time (every MiB without [[heapstate.TaskActivityPlugin]]; below). A
  * snapshot competes with the tasks for the cores (compressing a 300 MB state takes about a second
  * of one core); paced, it slows each batch it overlaps a little, instead of a few batches a lot.
  *
@@ -44,6 +45,17 @@ final case class EngineSettings(
  * has spent [[SnapshotPacer.MaxYieldShare]] of its wall time waiting, which makes it at most
  * three times slower than its duty cycle alone; a chunk past that budget runs to its MiB.
  *
+ * A chunk that no write of it found the tasks busy takes no rest, when `restWhenIdle` is off: it
+ * ran on a core no task wanted, which the rest would leave idle. That is the default once
+ * [[heapstate.TaskActivityPlugin]] counts the tasks, since only then does `busy` see a stateless
+ * stage that holds every core; without the plugin every chunk rests. Resting in those gaps too,
+ * a W1 store's snapshot (about 300 ms of CPU) took four to six batches, one store's at a time, so
+ * each of four stores got one every 20 versions or so against a `compactionInterval` of 10, and
+ * restarts replayed 20 to 30 journals (a store could go 30 versions without one); without the
+ * rest, one or two batches, and 9 to 11. The price is the snapshot's CPU in the batches it
+ * overlaps: in W1 the JVM used 0.8 to 1.2 s of CPU in them against about 0.5 s in the others
+ * (docs/PERFORMANCE_HISTORY.md, stops 42 and 44).
+ *
  * The undo log keeps what the snapshot still needs for as long as it runs. A paced snapshot gives
  * up at its next pause when a roll-back, reload or close waits for it: none of them should wait
  * three times as long. `clock` (wall nanoseconds), `cpuClock` (this thread's CPU nanoseconds) and
@@ -55,9 +67,12 @@ final class SnapshotPacer(
     clock: () => Long = () => System.nanoTime(),
     park: Long => Unit = java.util.concurrent.locks.LockSupport.parkNanos(_: Long),
     cpuClock: () => Long = SnapshotPacer.threadCpuClock,
-    busy: () => Boolean = () => StateEngine.tasksBusy) {
+    busy: () => Boolean = () => StateEngine.tasksBusy,
+    restWhenIdle: Boolean = !StateEngine.taskPluginActive) {
   require(dutyCycle > 0 && dutyCycle <= 1, s"a duty cycle in (0, 1], not $dutyCycle")
   private var bytes = 0L
+  /** Whether a write of the chunk under way found the tasks busy. */
+  private var busySeen = false
   private val started = clock()
   private var chunkStarted = started
   private var chunkCpu = cpuClock()
@@ -70,13 +85,18 @@ final class SnapshotPacer(
    */
   def wrote(n: Int): Unit = {
     bytes += n
-    if (bytes >= SnapshotPacer.Chunk || (busy() && mayYield(clock()))) {
+    val tasks = busy()
+    busySeen ||= tasks
+    if (bytes >= SnapshotPacer.Chunk || (tasks && mayYield(clock()))) {
       if (abandon()) throw new SnapshotPacer.Abandoned
-      val rest = ((cpuClock() - chunkCpu) / dutyCycle).toLong - (clock() - chunkStarted)
-      if (rest > 0) park(rest)
+      if (busySeen || restWhenIdle) {
+        val rest = ((cpuClock() - chunkCpu) / dutyCycle).toLong - (clock() - chunkStarted)
+        if (rest > 0) park(rest)
+      }
       yieldToTasks()
       if (abandon()) throw new SnapshotPacer.Abandoned
       bytes = 0
+      busySeen = false
       chunkStarted = clock()
       chunkCpu = cpuClock()
     }

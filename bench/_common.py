@@ -564,8 +564,8 @@ class ProcCounters:
 
     - ``minor_faults``: the process's minor page faults. A JVM takes one the first time it writes
       a page of heap that G1 committed but nothing has used yet, so a batch whose young generation
-      grows into new heap takes thousands (stop 44: 11,000 to 28,000 in W1's slowest batches,
-      about 100 in a median one).
+      grows into new heap takes thousands (up to 33,000 in stop 44's W1 runs, against about 100 in
+      a median batch). They slow some batches and not others (docs/PERFORMANCE_HISTORY.md).
     - ``cpu_ms``: the process's CPU time, every thread (tasks, GC, JIT, heapstate's snapshots).
     - ``steal_ms``: the machine's steal time over all its CPUs: time a hypervisor gave this
       virtual machine's CPUs to something else.

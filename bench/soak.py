@@ -53,6 +53,7 @@ from _common import (
     fmt_bytes,
     heap_after_full_gcs,
     jvm_heap_after_gc,
+    jvm_pid,
     progress,
     pyspark_submit_args,
     timestamp,
@@ -206,9 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     warmup = args.retain + args.compaction_interval
     try:
         query = w1._start_query(spark, work / "input", checkpoint)
+        pid = jvm_pid(spark)
         try:
             for batch in range(args.batches):
-                rec = w1._run_one_batch(query, spec, batch, files)
+                rec = w1._run_one_batch(query, spec, batch, files, pid)
                 counts = store_counts(checkpoint / "state")
                 rec["store_files"] = counts
                 worst = {

@@ -53,7 +53,7 @@ final case class EngineSettings(
  * each of four stores got one every 20 versions or so against a `compactionInterval` of 10, and
  * restarts replayed 20 to 30 journals (a store could go 30 versions without one); without the
  * rest, one or two batches, and 9 to 11. The price is the snapshot's CPU in the batches it
- * overlaps: in W1 the JVM used 0.8 to 1.2 s of CPU in them against about 0.5 s in the others
+ * overlaps: in W1 the JVM used 0.7 to 1.7 s of CPU in them against 0.5 to 0.8 s in the others
  * (docs/PERFORMANCE_HISTORY.md, stops 42 and 44).
  *
  * The undo log keeps what the snapshot still needs for as long as it runs. A paced snapshot gives

@@ -576,12 +576,24 @@ class ProcCounters:
     steal_ms: float
 
     def since(self, before: ProcCounters) -> dict[str, int]:
-        """The counts from ``before`` to this reading, as a W1 batch records them."""
-        return {
-            "minor_faults": self.minor_faults - before.minor_faults,
-            "jvm_cpu_ms": round(self.cpu_ms - before.cpu_ms),
-            "steal_ms": round(self.steal_ms - before.steal_ms),
-        }
+        """The counts from ``before`` to this reading, under ``PROC_KEYS``, as a W1 batch records
+        them."""
+        return dict(
+            zip(
+                PROC_KEYS,
+                (
+                    self.minor_faults - before.minor_faults,
+                    round(self.cpu_ms - before.cpu_ms),
+                    round(self.steal_ms - before.steal_ms),
+                ),
+                strict=True,
+            )
+        )
+
+
+PROC_KEYS = ("minor_faults", "jvm_cpu_ms", "steal_ms")
+"""The names of ``ProcCounters.since``'s counts, in a W1 batch's record and (``<key>_median``,
+``trigger_ms_max_<key>``) in its summary."""
 
 
 def proc_counters(pid: int) -> ProcCounters | None:
@@ -659,11 +671,8 @@ def slowest_batch_detail(target: dict[str, Any]) -> str:
     if commit is not None:
         parts.append(f"its commit {fmt_ms(commit)}")
     # The /proc counts of the slowest batch, each beside a median batch's (stop 44 on).
-    for key, what in (
-        ("minor_faults", "{} minor page faults"),
-        ("jvm_cpu_ms", "{} ms of the JVM's CPU"),
-        ("steal_ms", "{} ms stolen by the hypervisor"),
-    ):
+    labels = ("{} minor page faults", "{} ms of the JVM's CPU", "{} ms stolen by the hypervisor")
+    for key, what in zip(PROC_KEYS, labels, strict=True):
         value = target.get(f"slowest_batch_{key}")
         if value is not None:
             typical = target.get(f"median_batch_{key}")

@@ -51,6 +51,7 @@ from _common import (
     BASELINE,
     DEFAULT_PYTHON,
     MAINTENANCE_CONF,
+    PROC_KEYS,
     PROVIDERS,
     REPO_DIR,
     RESULTS_DIR,
@@ -260,10 +261,6 @@ def _start_query(spark: Any, input_dir: Path, checkpoint: Path) -> Any:
         .option("checkpointLocation", str(checkpoint))
         .start()
     )
-
-
-PROC_KEYS = ("minor_faults", "jvm_cpu_ms", "steal_ms")
-"""What a batch's record counts of the worker JVM and the machine (``ProcCounters.since``)."""
 
 
 def _batch_record(

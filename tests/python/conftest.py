@@ -49,6 +49,15 @@ EPOCH_2024 = 1_704_067_200
 
 QUERY_TIMEOUT_S = 240
 
+SUBPROCESS_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+"""The driver JVM option of the fault tests' jobs (``test_kill.py``, ``test_task_failure.py``) and
+of the notebook test's bench workers: C1 compiles, C2 does not. On batches of a few dozen rows C2's
+compiler threads cost more CPU than they save, and on two cores shared by two pytest workers that
+CPU is the suite's time. Measured alone (stop 45): a start-and-kill of ``kill_job.py`` 20 s of CPU
+against 14, an uninterrupted run 105 s against 77, the task-failure job 146 s against 108, the
+checkpoint-size notebook 286 s against 239. What these tests check does not depend on the
+compiler; the in-process tests here and the Scala suites run heapstate under C2."""
+
 STATE_FILE = re.compile(r"^(\d+)\.(hs-journal|hs-snapshot|delta|snapshot|changelog|zip)$")
 """State files of heapstate (``hs-*``), of the HDFS provider (``delta``, ``snapshot``) and of
 RocksDB (``changelog``, ``zip``): every name a store of any provider would write."""

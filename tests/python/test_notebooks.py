@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+from conftest import SUBPROCESS_JAVA_OPTIONS
+
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"
 NOTEBOOKS = REPO / "notebooks"
@@ -38,7 +40,11 @@ CHECKPOINT_FIGURES = (
 )
 BUFFERED_FIGURES = ("w4_rows_downstream.png", "w4_throughput.png", "w4_latency.png")
 ALL_PROVIDERS = {"hdfs", "rocksdb-changelog", "rocksdb", "heapstate"}
-W5_ARGS = "--keys 5000,10000"
+C1_ONLY = f"--java-option={SUBPROCESS_JAVA_OPTIONS}"
+"""The bench workers compile with C1 only (see ``conftest.SUBPROCESS_JAVA_OPTIONS``): the small
+size's figures are not the point here."""
+W1_ARGS = C1_ONLY
+W5_ARGS = f"--keys 5000,10000 {C1_ONLY}"
 """Two K values draw W5's curves as well as three do, in two thirds of the time."""
 W4_PROVIDERS = "hdfs,heapstate"
 W4_ARGS = "--no-warmup --batches 4"
@@ -184,6 +190,7 @@ def test_checkpoint_size_comparison_notebook(tmp_path: Path) -> None:
         {
             "size": "small",
             "providers": "all",
+            "w1_args": W1_ARGS,
             "w5_args": W5_ARGS,
             "results_table": str(table),
             "figures_dir": str(figures),

@@ -56,7 +56,8 @@ compiler threads cost more CPU than they save, and on two cores shared by two py
 CPU is the suite's time. Measured alone (stop 45): a start-and-kill of ``kill_job.py`` 20 s of CPU
 against 14, an uninterrupted run 105 s against 77, the task-failure job 146 s against 108, the
 checkpoint-size notebook 286 s against 239. What these tests check does not depend on the
-compiler; the in-process tests here and the Scala suites run heapstate under C2."""
+compiler; the in-process tests here, the executor-loss test and the Scala suites run heapstate
+under C2."""
 
 STATE_FILE = re.compile(r"^(\d+)\.(hs-journal|hs-snapshot|delta|snapshot|changelog|zip)$")
 """State files of heapstate (``hs-*``), of the HDFS provider (``delta``, ``snapshot``) and of

@@ -59,6 +59,14 @@ checkpoint-size notebook 286 s against 239. What these tests check does not depe
 compiler; the in-process tests here, the executor-loss test and the Scala suites run heapstate
 under C2."""
 
+
+def job_submit_args(*java_options: str) -> str:
+    """``PYSPARK_SUBMIT_ARGS`` for a fault test's job: its driver JVM gets
+    :data:`SUBPROCESS_JAVA_OPTIONS` and then ``java_options``, as one quoted argument."""
+    java = " ".join((SUBPROCESS_JAVA_OPTIONS, *java_options))
+    return f'--driver-java-options "{java}" pyspark-shell'
+
+
 STATE_FILE = re.compile(r"^(\d+)\.(hs-journal|hs-snapshot|delta|snapshot|changelog|zip)$")
 """State files of heapstate (``hs-*``), of the HDFS provider (``delta``, ``snapshot``) and of
 RocksDB (``changelog``, ``zip``): every name a store of any provider would write."""

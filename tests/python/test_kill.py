@@ -30,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from conftest import SUBPROCESS_JAVA_OPTIONS
+from conftest import job_submit_args
 from windowed_count import write_inputs
 
 JOB = Path(__file__).with_name("kill_job.py")
@@ -42,9 +42,8 @@ WAIT_S = 180
 
 def start(work: Path, name: str, pause: str | None, result: Path | None) -> subprocess.Popen[str]:
     env = dict(os.environ)
-    java = SUBPROCESS_JAVA_OPTIONS
-    java += f" -Dheapstate.faultInjection.pause={pause}" if pause else ""
-    env["PYSPARK_SUBMIT_ARGS"] = f'--driver-java-options "{java}" pyspark-shell'
+    pause_option = [f"-Dheapstate.faultInjection.pause={pause}"] if pause else []
+    env["PYSPARK_SUBMIT_ARGS"] = job_submit_args(*pause_option)
     cmd = [sys.executable, str(JOB), "--input", str(work / "input")]
     cmd += ["--checkpoint", str(work / name / "checkpoint"), "--sink", str(work / name / "sink")]
     if result:

@@ -40,9 +40,9 @@ from conftest import (
     HDFS_PROVIDER,
     HEAPSTATE_PROVIDER,
     PROVIDERS,
-    SUBPROCESS_JAVA_OPTIONS,
     assert_checkpoint_written_by,
     committed_batches,
+    job_submit_args,
     write_input_file,
 )
 
@@ -70,7 +70,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Run]
         rows = [{"k": f"k{rng.randrange(9)}", "b": i} for _ in range(12)]
         write_input_file(work / "input", i, rows)
     env = dict(os.environ)
-    env["PYSPARK_SUBMIT_ARGS"] = f'--driver-java-options "{SUBPROCESS_JAVA_OPTIONS}" pyspark-shell'
+    env["PYSPARK_SUBMIT_ARGS"] = job_submit_args()
     cmd = [sys.executable, str(JOB), "--input", str(work / "input"), "--work", str(work)]
     cmd += ["--result", str(work / "result.json")]
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=600)

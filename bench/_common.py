@@ -656,7 +656,8 @@ def fmt_ms(value: float) -> str:
 
 def slowest_batch_detail(target: dict[str, Any]) -> str:
     """What W1's spikes target says of its slowest steady batch, for the console and the README:
-    which batch, how much of it G1's marking ran beside, its longest GC pause and its commit.
+    which batch, how much of it G1's marking ran beside, its longest GC pause, its commit and the
+    part of Spark's trigger it spent most over a median batch.
     Each part is left out when the report does not hold it (reports before it was recorded)."""
     if target.get("slowest_batch") is None:
         return ""
@@ -670,6 +671,13 @@ def slowest_batch_detail(target: dict[str, Any]) -> str:
     commit = target.get("slowest_batch_commit_ms")
     if commit is not None:
         parts.append(f"its commit {fmt_ms(commit)}")
+    phase = target.get("slowest_batch_phase")
+    if phase is not None:
+        parts.append(
+            f"the part of the trigger it most exceeded: {phase} "
+            f"{fmt_ms(target['slowest_batch_phase_ms'])} (a median batch "
+            f"{fmt_ms(target['median_batch_phase_ms'])})"
+        )
     # The /proc counts of the slowest batch, each beside a median batch's (stop 44 on).
     labels = ("{} minor page faults", "{} ms of the JVM's CPU", "{} ms stolen by the hypervisor")
     for key, what in zip(PROC_KEYS, labels, strict=True):

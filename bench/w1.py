@@ -531,6 +531,7 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         return median([v / 1000 for v in parts if v is not None])
 
     counted = {key: [b[key] for b in steady if b.get(key) is not None] for key in PROC_KEYS}
+    phase = grown_phase(steady, slowest)
     heap_after = heap_after_full_gcs(run.get("heap_after"))
     heap_base = heap_after_full_gcs(run.get("heap_baseline"))
     return {
@@ -585,6 +586,12 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
             else None
         ),
         "trigger_ms_max_commit_ms": slowest["commit_ms"] if slowest else None,
+        # The part of Spark's trigger (its durationMs) that the slowest batch spent most over that
+        # part's median: addBatch holds the tasks (and the heap's first-touch page faults), the
+        # others the driver's offset and commit logs (stop 46).
+        "trigger_ms_max_phase": phase[0] if phase else None,
+        "trigger_ms_max_phase_ms": phase[1] if phase else None,
+        "trigger_ms_max_phase_median_ms": phase[2] if phase else None,
         # What Linux counted in the steady batches (ProcCounters; reports before stop 44 have
         # none): the median batch's, and the slowest one's.
         **{f"{key}_median": median(counted[key]) if counted[key] else None for key in PROC_KEYS},
@@ -637,6 +644,27 @@ METRICS = [
 ]
 
 
+def grown_phase(
+    steady: list[dict[str, Any]], slowest: dict[str, Any] | None
+) -> tuple[str, float, float] | None:
+    """The phase of Spark's trigger (``durationMs`` of its progress, less ``triggerExecution``,
+    the whole) by which ``slowest`` most exceeds that phase's median over ``steady``: its name,
+    its ms in ``slowest`` and the median. None without phases (reports before stop 46 have them,
+    hand-made ones may not)."""
+    if slowest is None or not slowest.get("duration_ms"):
+        return None
+    grown = []
+    for name, ms in slowest["duration_ms"].items():
+        if name == "triggerExecution":
+            continue
+        typical = median([(b.get("duration_ms") or {}).get(name, 0) for b in steady])
+        grown.append((ms - typical, name, ms, typical))
+    if not grown:
+        return None
+    _, name, ms, typical = max(grown)
+    return name, ms, typical
+
+
 def compaction_batches(batches: list[dict[str, Any]]) -> set[int]:
     """The batches that ran while a snapshot was being written. A snapshot of version V can start
     once batch V - 1 has committed it, so every batch from V up to the one after which the file
@@ -676,6 +704,10 @@ def targets(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         spikes["slowest_batch_marking_ms"] = hs.get("trigger_ms_max_marking_ms")
         spikes["slowest_batch_pause_ms"] = hs.get("trigger_ms_max_pause_ms")
         spikes["slowest_batch_commit_ms"] = hs.get("trigger_ms_max_commit_ms")
+        if hs.get("trigger_ms_max_phase") is not None:
+            spikes["slowest_batch_phase"] = hs["trigger_ms_max_phase"]
+            spikes["slowest_batch_phase_ms"] = hs["trigger_ms_max_phase_ms"]
+            spikes["median_batch_phase_ms"] = hs["trigger_ms_max_phase_median_ms"]
         for key in PROC_KEYS:
             if hs.get(f"trigger_ms_max_{key}") is not None:
                 spikes[f"slowest_batch_{key}"] = hs[f"trigger_ms_max_{key}"]

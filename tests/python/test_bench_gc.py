@@ -255,3 +255,42 @@ def test_the_spike_target_counts_the_slowest_batch_and_the_other_providers(
         assert older[f"trigger_ms_max_{key}"] is None
     spikes = next(t for t in w1.targets({"heapstate": older}) if t["target"].startswith("max"))
     assert not any(k.startswith("median_batch") for k in spikes)
+
+
+def test_the_spike_target_names_the_part_of_the_trigger_the_slowest_batch_grew(
+    capsys: Any,
+) -> None:
+    batches = [_batch(b, 1000 * b, t) for b, t in enumerate([1500, 400, 300, 520, 310, 330])]
+    # Spark's durationMs: the slowest batch (3) spent 150 ms more than a median batch in
+    # latestOffset and 60 ms more in addBatch; batch 1 is not steady and counts for nothing.
+    phases = [(1200, 40), (900, 300), (200, 40), (260, 190), (195, 45), (205, 35)]
+    for b, (add, latest) in zip(batches, phases):
+        b["duration_ms"] = {
+            "addBatch": add,
+            "latestOffset": latest,
+            "triggerExecution": b["trigger_ms"],
+        }
+    summary = w1.summarize({"batches": batches})
+    # Medians over batches 2 to 5: addBatch (200 + 205) / 2, latestOffset (40 + 45) / 2.
+    assert summary["trigger_ms_max_phase"] == "latestOffset"
+    assert summary["trigger_ms_max_phase_ms"] == 190
+    assert summary["trigger_ms_max_phase_median_ms"] == 42.5
+    spikes = next(t for t in w1.targets({"heapstate": summary}) if t["target"].startswith("max"))
+    assert spikes["slowest_batch_phase"] == "latestOffset"
+    assert spikes["median_batch_phase_ms"] == 42.5
+    w1.print_targets([spikes])
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "  FAIL  max trigger <= 1.5x median (batch >= 2)  (520 vs limit 480); "
+        "slowest: batch 3, its commit 10 ms, "
+        "the part of the trigger it most exceeded: latestOffset 190 ms (a median batch 42 ms)"
+    )
+    # A phase the slowest batch has and a median batch lacks counts from 0 there.
+    batches[3]["duration_ms"]["walCommit"] = 400
+    assert w1.summarize({"batches": batches})["trigger_ms_max_phase"] == "walCommit"
+    # Batches without Spark's phases (reports before stop 46) name none.
+    for b in batches:
+        del b["duration_ms"]
+    older = w1.summarize({"batches": batches})
+    assert older["trigger_ms_max_phase"] is None
+    spikes = next(t for t in w1.targets({"heapstate": older}) if t["target"].startswith("max"))
+    assert "slowest_batch_phase" not in spikes

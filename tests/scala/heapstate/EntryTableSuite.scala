@@ -264,6 +264,41 @@ class EntryTableSuite extends AnyFunSuite {
     Entry(keyBytes(k), value)
   }
 
+  test("a change set on an empty state moves puts to pages; look-ups, removals and the commit see them") {
+    val live = new LiveState(None, 0)
+    val changes = new ChangeSet(live, pagesFrom = 8)
+    var model = Map.empty[Int, Long]
+    def put(k: Int, v: Long): Unit = { changes.put(Key(keyBytes(k)), fixedEntry(k, v)); model += k -> v }
+    for (k <- 0 until 100) put(k, k * 10L)
+    assert(changes.pagedPuts != null && changes.pagedPuts.size >= 90, "puts past the 8th moved to pages")
+    for (k <- 10 until 20) { changes.remove(Key(keyBytes(k))); model -= k } // paged keys, removed
+    put(15, -15L) // a removed key put back
+    put(3, 333L) // a paged key updated
+    for (k <- 0 until 105) {
+      val found = changes.lookup(Key(keyBytes(k)))
+      assert(Option(found).map(valueOf) == model.get(k), s"look-up of $k")
+    }
+    assert(changes.size == model.size && changes.keyDelta == model.size)
+    val seen = mutable.Map.empty[Int, Long]
+    changes.foreach { (key, entry) =>
+      assert(!seen.contains(keyOf(entry, 0)), s"key ${keyOf(entry, 0)} given twice")
+      assert(key.bytes.sameElements(Entry.key(entry)))
+      seen(keyOf(entry, 0)) = valueOf(entry)
+    }
+    assert(seen.toMap == model)
+    val prepared = live.prepareCommit(changes)
+    assert(prepared.keyDelta == model.size)
+    live.applyCommit(prepared, 0, inPlace = true)
+    assert(live.iterator.map { a =>
+      val p = live.pageOf(a); val at = live.offsetOf(a); keyOf(p, at) -> valueOf(p, at)
+    }.toMap == model)
+    assert(live.memoryBytes == live.memoryBytesRecounted)
+    // On a state that is not empty, the puts stay in the map.
+    val next = new ChangeSet(live, pagesFrom = 8)
+    for (k <- 200 until 300) next.put(Key(keyBytes(k)), fixedEntry(k, k))
+    assert(next.pagedPuts == null && next.size == 100)
+  }
+
   test("commits that write same-length updates in place leave no garbage and keep state and memory count exact") {
     val rnd = new scala.util.Random(9)
     val live = new LiveState(None, 0)

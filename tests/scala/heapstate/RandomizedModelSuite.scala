@@ -17,8 +17,17 @@ import heapstate.StoreFixture._
 class RandomizedModelSuite extends AnyFunSuite {
   private val steps = sys.props.get("heapstate.steps").map(_.toInt).getOrElse(3000)
 
-  private def runOne(seed: Long): Unit = {
+  /**
+   * `pagesFrom`: the providers' change sets move puts to pages from this many changes, when their
+   * batch began on an empty state (`ChangeSet`'s "Large first batches"); None keeps the default.
+   */
+  private def runOne(seed: Long, pagesFrom: Option[Int] = None): Unit = {
     val rng = new Random(seed)
+    def provider(root: String, confs: Map[String, String], minVersionsToRetain: Int): HeapStateStoreProvider = {
+      val p = StoreFixture.provider(root, confs, minVersionsToRetain = minVersionsToRetain)
+      pagesFrom.foreach(n => p.changeSetPagesFrom = n)
+      p
+    }
     val root = tempDir()
     val minRetain = 2 + rng.nextInt(6)
     val confs = Map(
@@ -100,13 +109,25 @@ class RandomizedModelSuite extends AnyFunSuite {
     }
   }
 
+  private def seeds: Seq[Long] =
+    sys.props.get("heapstate.seed").map(s => Seq(s.toLong)).getOrElse(Seq.fill(3)(Random.nextLong()))
+
   test(s"random operations match a Map model ($steps steps per seed)") {
-    val seeds = sys.props.get("heapstate.seed").map(s => Seq(s.toLong))
-      .getOrElse(Seq.fill(3)(Random.nextLong()))
     for (seed <- seeds) {
       info(s"seed $seed")
       try runOne(seed)
       catch { case e: Throwable => Console.err.println(s"RandomizedModelSuite failed with seed $seed"); throw e }
+    }
+  }
+
+  test(s"random operations match a Map model, puts moved to pages from 1 to 4 changes ($steps steps per seed)") {
+    for (seed <- seeds) {
+      val pagesFrom = 1 + (seed & 3).toInt
+      info(s"seed $seed, pages from $pagesFrom changes")
+      try runOne(seed, Some(pagesFrom))
+      catch {
+        case e: Throwable => Console.err.println(s"RandomizedModelSuite (paged) failed with seed $seed"); throw e
+      }
     }
   }
 }

@@ -36,6 +36,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
   /** Checkpoint format v2: every commit gets a unique checkpoint id. */
   private var checkpointIds = false
   @volatile private var engine: StateEngine = _
+  /** Changes a store on an empty state holds in a hash map before it moves puts to pages (see `ChangeSet`); tests lower it. */
+  @volatile private[heapstate] var changeSetPagesFrom: Int = ChangeSet.PagesFrom
   /** Spark's report of a commit to its state store coordinator; tests put a recorder in its place. */
   private[heapstate] var reportCommit: (Long, StateStoreId, Configuration) => Unit =
     StateStore.reportCommitToCoordinator
@@ -291,7 +293,7 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       live: LiveState,
       readOnly: Boolean,
       forceSnapshot: Boolean) extends StateStore {
-    private val changes = new ChangeSet(live)
+    private val changes = new ChangeSet(live, changeSetPagesFrom)
     private var phase: Phase = Updating
     /**
      * A store a task writes counts in [[StateEngine.storesWriting]], for background snapshots to

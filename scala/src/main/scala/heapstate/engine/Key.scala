@@ -38,7 +38,7 @@ object Key {
  * allocate nothing. Java's hash maps call `probe.equals(storedKey)`, which is the only direction
  * this supports; a probe is never stored.
  */
-final class KeyProbe(base: AnyRef, offset: Long, length: Int, override val hashCode: Int) {
+final class KeyProbe(val base: AnyRef, val offset: Long, val length: Int, override val hashCode: Int) {
   def this(base: AnyRef, offset: Long, length: Int) = this(base, offset, length, Key.hash(base, offset, length))
   override def equals(other: Any): Boolean = other match {
     case k: Key =>

@@ -265,15 +265,19 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
    * reader could see.
    */
   def prepareCommit(changes: ChangeSet): PreparedCommit = {
-    val n = changes.size
+    val fromEmpty = pending == null && table.size == 0
+    // On an empty state, puts the change set moved to pages stay there, and are copied from them
+    // (see "Large first batches" in ChangeSet); anywhere else every change is looked up by key.
+    val paged = if (fromEmpty) changes.pagedPuts else null
+    val n = if (paged == null) changes.size else changes.size - paged.size
     val keys = new Array[Key](n)
     val values = new Array[Array[Byte]](n)
     var i = 0
-    changes.foreach { (key, changed) => keys(i) = key; values(i) = changed; i += 1 }
-    val fromEmpty = pending == null && table.size == 0
+    val collect = (key: Key, changed: Array[Byte]) => { keys(i) = key; values(i) = changed; i += 1 }
+    if (paged == null) changes.foreach(collect) else changes.foreachInMap(collect)
     if (fromEmpty) {
-      val added = values.count(v => !Tombstone.is(v)).toLong
-      new PreparedCommit(version + 1, keys, values, null, null, 0, UndoEntry.FromEmpty, 0L, added)
+      val added = values.count(v => !Tombstone.is(v)).toLong + (if (paged == null) 0 else paged.size)
+      new PreparedCommit(version + 1, keys, values, null, null, 0, UndoEntry.FromEmpty, 0L, added, paged)
     } else {
       // A whole table does not change while it is looked up, so the slot each key was found in
       // still holds it when the commit applies (unless a resize moves it; see applyCommit). A
@@ -337,6 +341,15 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     // Without slots kept (a first commit, or a state still loading) no look-up is lost to a resize.
     if (slots == null && prepared.keyDelta > 0) table.reserve(prepared.keyDelta)
     var written = 0L
+    if (prepared.paged != null) { // an empty state: the change set's paged puts, from their pages
+      require(byPrefix.isEmpty, "a change set with a prefix index moved puts to pages")
+      prepared.paged.foreach { (page, at) =>
+        val keyLength = Entry.keyLength(page, at)
+        val keyAt = Entry.keyStart(at)
+        val hash = Key.hash(page, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET + keyAt, keyLength)
+        table.put(page, keyAt, keyLength, keyAt + keyLength, Entry.valueLength(page, at), hash)
+      }
+    }
     var i = 0
     while (i < keys.length) { // the table copies the change set's entries into its pages
       val key = keys(i)
@@ -553,4 +566,9 @@ final class PreparedCommit private[engine] (
     private[engine] val undoEntry: UndoEntry,
     private[engine] val undoBytes: Long,
     /** Keys added minus keys removed. */
-    val keyDelta: Long)
+    val keyDelta: Long,
+    /**
+     * On an empty state, the change set's puts moved to pages, which are not in `keys`: the commit
+     * and the journal read them there (see "Large first batches" in [[ChangeSet]]). Else null.
+     */
+    private[engine] val paged: EntryTable = null)

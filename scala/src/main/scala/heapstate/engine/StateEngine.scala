@@ -443,6 +443,7 @@ final class StateEngine(
         if (Tombstone.is(values(i))) w.delete(keys(i).bytes) else w.putEntry(values(i))
         i += 1
       }
+      if (prepared.paged != null) prepared.paged.foreach((page, at) => w.putEntry(page, at))
     }
     // In format v2 a re-run writes a file of its own id, and no older file describes it.
     if (newId.isEmpty && newVersion <= highestKnownVersion) {

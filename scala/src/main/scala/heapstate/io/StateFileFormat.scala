@@ -252,12 +252,16 @@ final class StateFileWriter(raw: OutputStream, header: StateFileFormat.Header) {
    * Writes a put record from an entry array `[key length: i32][value length: i32][key][value]`
    * (see `heapstate.engine.Entry`).
    */
-  def putEntry(entry: Array[Byte]): Unit = {
-    val keyLength = org.apache.spark.unsafe.Platform.getInt(entry, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET)
-    val valueLength = entry.length - 8 - keyLength
+  def putEntry(entry: Array[Byte]): Unit = putEntry(entry, 0)
+
+  /** [[putEntry]] of the entry that starts at index `at` of `b` (a page of the live table's kind). */
+  def putEntry(b: Array[Byte], at: Int): Unit = {
+    val base = org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET
+    val keyLength = org.apache.spark.unsafe.Platform.getInt(b, base + at)
+    val valueLength = org.apache.spark.unsafe.Platform.getInt(b, base + at + 4)
     out.writeByte(RecordPut)
-    out.writeInt(keyLength); out.write(entry, 8, keyLength)
-    out.writeInt(valueLength); out.write(entry, 8 + keyLength, valueLength)
+    out.writeInt(keyLength); out.write(b, at + 8, keyLength)
+    out.writeInt(valueLength); out.write(b, at + 8 + keyLength, valueLength)
     records += 1
   }
 

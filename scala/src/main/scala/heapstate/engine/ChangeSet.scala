@@ -16,13 +16,14 @@ import java.util.{HashMap => JHashMap, HashSet => JHashSet}
  * fills an empty state (a new query's first batch, W1's batch 0 of a million keys) holds them all
  * until its commit, long enough for young collections to copy and promote them: in W1 that made
  * G1 grow the heap by 1 to 2 GB, into which the young generation then grew over the next 20
- * batches, each taking tens of thousands of first-touch page faults (docs/PERFORMANCE_HISTORY.md,
- * stop 46). So on a live state that was empty when the batch began, once the map holds
- * `pagesFrom` changes, its puts move into an [[EntryTable]] of their own ([[paged]]): pages of a
- * G1 region, which young collections never copy, behind one slot array. A key is in the map or in
- * `paged`, never both; the map keeps removals and the puts since the last move. The commit of
- * such a batch copies `paged`'s entries into the live table from their pages
- * ([[LiveState.prepareCommit]]), and the journal writes them from there.
+ * batches, each taking up to tens of thousands of first-touch page faults
+ * (docs/PERFORMANCE_HISTORY.md, stop 46). So on a live state that was empty when the batch
+ * began, once the map holds `pagesFrom` changes, its puts move into an [[EntryTable]] of their
+ * own ([[paged]]): one slot array and pages that, past its first 16 MB or so, are a G1 region
+ * each, which young collections never copy (see [[EntryTable.PageBytes]]). A key is in the map
+ * or in `paged`, never both; the map keeps removals and the puts since the last move. Its
+ * commit, on a state still empty, copies `paged`'s entries into the live table from their pages
+ * ([[LiveState.applyCommit]]), and the journal writes them from there.
  */
 final class ChangeSet(live: LiveState, pagesFrom: Int = ChangeSet.PagesFrom) {
   require(pagesFrom >= 1, s"pagesFrom must be at least 1, not $pagesFrom")

@@ -117,7 +117,8 @@ final class ChangeSet(live: LiveState, pagesFrom: Int = ChangeSet.PagesFrom) {
     if (previous == null) {
       mapBytes += MemoryModel.changeEntry(key, entry)
       // A key whose put moved to pages changes again: it is the map's now.
-      if (unpage(key) == null) indexPrefix(key)
+      val wasPaged = paged != null && paged.remove(key) >= 0
+      if (!wasPaged) indexPrefix(key)
       if (mayPage && entries.size >= pagesFrom) movePuts()
     } else {
       mapBytes += MemoryModel.changeEntry(key, entry) - MemoryModel.changeEntry(key, previous)

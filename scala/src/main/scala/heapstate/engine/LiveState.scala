@@ -344,10 +344,8 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     if (prepared.paged != null) { // an empty state: the change set's paged puts, from their pages
       require(byPrefix.isEmpty, "a change set with a prefix index moved puts to pages")
       prepared.paged.foreach { (page, at) =>
-        val keyLength = Entry.keyLength(page, at)
-        val keyAt = Entry.keyStart(at)
-        val hash = Key.hash(page, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET + keyAt, keyLength)
-        table.put(page, keyAt, keyLength, keyAt + keyLength, Entry.valueLength(page, at), hash)
+        table.put(page, Entry.keyStart(at), Entry.keyLength(page, at), Entry.valueStart(page, at),
+          Entry.valueLength(page, at), Entry.keyHash(page, at))
       }
     }
     var i = 0

@@ -16,6 +16,7 @@ import java.nio.file.Files
  *   bin/sbt "bench/runMain heapstate.bench.SnapshotWrite"
  *   bin/sbt "bench/runMain heapstate.bench.SnapshotWrite --keys 250000 --runs 5"
  *   bin/sbt "bench/runMain heapstate.bench.SnapshotWrite --bucket-bytes 32768"
+ *   bin/sbt "bench/runMain heapstate.bench.SnapshotWrite --codec none"
  * }}}
  */
 object SnapshotWrite {
@@ -26,8 +27,9 @@ object SnapshotWrite {
     val updates = 2500
     val root = Files.createTempDirectory("snapshot-write")
     val base = Providers.find(_.name == "heapstate").get
-    val p = opts.get("bucket-bytes").fold(base)(b =>
-      base.copy(confs = base.confs + (heapstate.HeapStateConf.SnapshotBucketBytes.key -> b)))
+    val confs = opts.get("bucket-bytes").map(heapstate.HeapStateConf.SnapshotBucketBytes.key -> _) ++
+      opts.get("codec").map(heapstate.HeapStateConf.CompressionCodec.key -> _)
+    val p = base.copy(confs = base.confs ++ confs)
     val provider = RestartLoad.open(p, root.toString, 0)
     try {
       val first = provider.getStore(0)

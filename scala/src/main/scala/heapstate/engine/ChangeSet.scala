@@ -80,15 +80,6 @@ final class ChangeSet(live: LiveState, pagesFrom: Int = ChangeSet.PagesFrom) {
     }
   }
 
-  /** Takes `key`'s put out of [[paged]], if it is there; returns it, or null. */
-  private def unpage(key: Key): Array[Byte] =
-    if (paged == null) null
-    else {
-      val address = paged.find(key)
-      if (address == EntryTable.NoEntry) null
-      else { val entry = paged.copyOf(address); paged.remove(key); entry }
-    }
-
   /** Moves the puts of the map to [[paged]] (see "Large first batches"); removals stay. */
   private def movePuts(): Unit = {
     if (paged == null) paged = new EntryTable(2 * entries.size)
@@ -128,13 +119,9 @@ final class ChangeSet(live: LiveState, pagesFrom: Int = ChangeSet.PagesFrom) {
   def remove(key: Key): Unit = {
     operations += 1
     val inLive = live.contains(key)
-    val inMap = entries.get(key)
-    val moved = if (inMap == null) unpage(key) else null
-    if (moved != null) { // its put moved to pages: it is the map's again, then removed as below
-      entries.put(key, moved)
-      mapBytes += MemoryModel.changeEntry(key, moved)
-    }
-    val previous = if (inMap != null) inMap else moved
+    val previous = entries.get(key)
+    // A put that moved to pages is dropped there; the key is then as if the batch never put it.
+    if (previous == null && paged != null) paged.remove(key)
     if (previous == null) {
       if (inLive) {
         entries.put(key, Tombstone.bytes)

@@ -8,13 +8,16 @@ import java.nio.file.Files
  * How much work one heapstate snapshot of a W1 store is: the CPU time that a background snapshot
  * spreads over the batches it overlaps (paced to a third of a core, it lasts at least three times
  * as long). One store of `--keys` keys shaped as [[RestartLoad]]'s (W1's 1M keys in 4 partitions
- * make 250,000 a store), in this JVM; then `--runs` pairs of versions of 2,500 updates each, the
- * first committed plainly and the second with `forceSnapshotOnCommit`, which writes the snapshot
- * unpaced inside the commit. Prints each commit's time, and the median of the forced ones minus
- * the median of the plain ones: the snapshot.
+ * make 250,000 a store), in this JVM; then `--runs` rounds of `--interval` versions (2 by
+ * default) of 2,500 updates each, all committed plainly but the last, which is committed with
+ * `forceSnapshotOnCommit` and writes the snapshot unpaced inside the commit. Prints each commit's
+ * time, and the median of the forced ones minus the median of the plain ones: the snapshot.
+ * Every snapshot after the first copies the buckets no update touched since the one before it,
+ * so `--interval 10` is W1's share of changed keys (a tenth); the first forced commit shows a
+ * snapshot compressed whole.
  * {{{
  *   bin/sbt "bench/runMain heapstate.bench.SnapshotWrite"
- *   bin/sbt "bench/runMain heapstate.bench.SnapshotWrite --keys 250000 --runs 5"
+ *   bin/sbt "bench/runMain heapstate.bench.SnapshotWrite --keys 250000 --runs 5 --interval 10"
  *   bin/sbt "bench/runMain heapstate.bench.SnapshotWrite --bucket-bytes 32768"
  *   bin/sbt "bench/runMain heapstate.bench.SnapshotWrite --codec none"
  * }}}
@@ -24,6 +27,8 @@ object SnapshotWrite {
     val opts = options(args)
     val keys = opts.getOrElse("keys", "250000").toInt
     val runs = opts.getOrElse("runs", "5").toInt
+    val interval = opts.getOrElse("interval", "2").toInt
+    require(interval >= 2, "--interval must be at least 2: a plain commit between snapshots")
     val updates = 2500
     val root = Files.createTempDirectory("snapshot-write")
     val base = Providers.find(_.name == "heapstate").get
@@ -37,8 +42,8 @@ object SnapshotWrite {
       first.commit()
       val rnd = new java.util.Random(1)
       val plain, forced = Seq.newBuilder[Long]
-      for (v <- 1 to 2 * runs) {
-        val force = v % 2 == 0
+      for (v <- 1 to interval * runs) {
+        val force = v % interval == 0
         val store = provider.getStore(v.toLong, None, forceSnapshotOnCommit = force, loadEmpty = false)
         for (_ <- 0 until updates) {
           val k = rnd.nextInt(keys).toLong; store.put(RestartLoad.key(k), RestartLoad.value(k, v))

@@ -35,11 +35,13 @@ object HeapStateConf {
 
   val SnapshotBucketBytes: Entry = Entry(
     "snapshotBucketBytes",
-    "8192",
+    "4096",
     "an integer from 64 to 16777216",
     "Bytes of records (before compression) per bucket of a snapshot. A restart decompresses only " +
-      "the buckets of the keys a batch touches, and the rest over the next commits: smaller buckets " +
-      "load less for the same keys, larger ones compress a little better."
+      "the buckets of the keys a batch touches, and the rest over the next commits; a snapshot copies " +
+      "the buckets no key changed in since the last one from that file instead of compressing them " +
+      "again. Smaller buckets load less for the same keys and are unchanged more often; larger ones " +
+      "compress better and faster."
   )
 
   val entries: Seq[Entry] = Seq(CompactionInterval, CompressionCodec, UndoVersions, SnapshotBucketBytes)

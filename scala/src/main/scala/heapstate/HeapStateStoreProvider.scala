@@ -447,7 +447,7 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       val pending = phase == Updating
       StateStoreMetrics(
         numKeys = current.numKeys + (if (pending) changes.keyDelta else 0),
-        memoryUsedBytes = current.memoryBytes + (if (pending) changes.bytes else 0),
+        memoryUsedBytes = current.memoryBytes + engine.reuseAccountBytes + (if (pending) changes.bytes else 0),
         customMetrics = Map(
           JournalBytes -> (if (committed == null) 0L else committed.journalBytes),
           KeysWritten -> (if (committed == null) 0L else committed.keysWritten),

@@ -103,6 +103,8 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   private var pendingKeys = 0L
 
   def numKeys: Long = if (pending != null) pendingKeys else table.size
+  /** The bytes a snapshot's records of the loaded keys take before compression (a type byte and an entry each). */
+  def recordBytes: Long = table.entryBytes + table.size
   def memoryBytes: Long = {
     val p = pending
     table.heapBytes + prefixBytes + undoBytes + (if (p == null) 0 else p.heldBytes)
@@ -121,6 +123,8 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     val p = pending
     counted + (if (p == null) 0 else p.heldBytes)
   }
+  /** The bucket bits of the snapshot still loading, or -1 when none is. */
+  def snapshotBucketBits: Int = { val p = pending; if (p == null) -1 else p.buckets.bucketBits }
   /** Whether every key is in `table` (no snapshot bucket is still to load). */
   def isFullyLoaded: Boolean = pending == null
   /** How many buckets of a snapshot are still to load. */

@@ -29,6 +29,9 @@ object MemoryModel {
    */
   def undoTable(capacity: Int): Long = 32 + 2 * array(4 * capacity) + 24 + array(8 * ((capacity + 63) / 64))
 
+  /** A [[TouchedBuckets]] of `words` longs: the object (a header, an int, a boolean, a reference) and its array. */
+  def touchedBuckets(words: Int): Long = 24 + array(8 * words)
+
   /** A prefix index member: a HashSet node plus its share of the set's table. */
   val prefixMember: Long = 48
 }

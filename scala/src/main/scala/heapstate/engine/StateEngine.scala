@@ -4,7 +4,18 @@ import java.util.concurrent.locks.ReentrantLock
 
 import org.slf4j.LoggerFactory
 
-import heapstate.io.{Codec, FaultInjection, StateFileException, StateFiles}
+import scala.util.control.NonFatal
+
+import heapstate.io.{
+  BucketReuse,
+  Codec,
+  FaultInjection,
+  SnapshotBuckets,
+  SnapshotFileWriter,
+  StateFileException,
+  StateFileFormat,
+  StateFiles
+}
 import heapstate.io.StateFileNames.{Journal, Snapshot, StateFile}
 
 /** What the engine needs to know of the configuration. */
@@ -142,6 +153,10 @@ object SnapshotPacer {
 
 object StateEngine {
   private val running = new java.util.concurrent.atomic.AtomicInteger()
+
+  /** A snapshot an engine wrote of `state` at `version` (checkpoint id `id`), and the buckets commits touched since. */
+  private final case class ReuseBase(
+      state: LiveState, version: Long, id: Option[String], fileBytes: Long, touched: TouchedBuckets)
 
   /**
    * How many commits run now, in every store of this JVM; background snapshots wait for them (see
@@ -324,6 +339,30 @@ final class StateEngine(
    * snapshot's writer no longer reads the live table. Commits write in place only while it is -1.
    */
   @volatile private var snapshotInProgress = -1L
+  /**
+   * Reusing buckets: the snapshot the live state last had (the last one this engine wrote, or
+   * the one it was rebuilt from), with the buckets that commits (and the journals a rebuild
+   * applied on top of it) changed a key of since ([[TouchedBuckets]]). The next snapshot copies the
+   * other buckets from that file as stored instead of compressing them again (see
+   * [[heapstate.io.SnapshotFileWriter]]). `tracking` is the account begun for the snapshot being
+   * written, which becomes the base when that snapshot lands. Every other change to the live
+   * state (a roll-back, a fresh state, a re-run, a rebuild, until it names its own base) forgets
+   * both: a base always has every change since it counted against it.
+   * Guarded by `reuseLock`, never held while waiting for another lock: commits take it under the
+   * monitor, the snapshot thread while it holds `snapshotLock`.
+   */
+  private val reuseLock = new Object
+  private var reuseBase: StateEngine.ReuseBase = null
+  private var tracking: TouchedBuckets = null
+  private def forgetReuse(): Unit = reuseLock.synchronized { reuseBase = null; tracking = null }
+  /** The heap the accounts of touched buckets hold (a few KiB to 128 KiB each; part of `memoryUsedBytes`). */
+  def reuseAccountBytes: Long = reuseLock.synchronized {
+    (if (reuseBase == null) 0L else reuseBase.touched.heapBytes) + (if (tracking == null) 0L else tracking.heapBytes)
+  }
+  @volatile private var bucketsReused = 0L
+  /** How many snapshot buckets this engine copied from an earlier snapshot instead of compressing them. */
+  def snapshotBucketsReused: Long = bucketsReused
+
   /** The highest version seen on disk or committed here; a commit at or below it is a re-run. */
   private var highestKnownVersion = 0L
   /** Checkpoint ids of the live state's version and the versions below it that undo can reach. */
@@ -379,6 +418,7 @@ final class StateEngine(
     val st = state
     if (loadEmpty) {
       withSnapshotLock {
+        forgetReuse()
         state = new LiveState(prefixOf, version); newestSnapshot = 0
         lineageIds.clear(); id.foreach(i => lineageIds.put(version, i))
       }
@@ -387,6 +427,7 @@ final class StateEngine(
       st
     } else if (st != null && st.canRollBackTo(version) && idMatches(version, id)) {
       withSnapshotLock {
+        forgetReuse()
         st.rollBackTo(version)
         lineageIds.tailMap(version, false).clear()
         if (newestSnapshot > version) newestSnapshot = 0 // that snapshot is of versions being redone
@@ -395,6 +436,7 @@ final class StateEngine(
     } else {
       val started = System.nanoTime()
       withSnapshotLock {
+        forgetReuse()
         state = null
         lineageIds.clear()
         state = rebuild(version, id)
@@ -449,6 +491,7 @@ final class StateEngine(
     if (newId.isEmpty && newVersion <= highestKnownVersion) {
       // A re-run of this version: a snapshot left by the earlier run no longer describes it.
       val stale = files.snapshotPath(newVersion)
+      forgetReuse()
       if (files.exists(stale)) {
         log.warn(s"Version $newVersion of ${files.dir} was committed again; deleting its old snapshot $stale")
         files.delete(stale)
@@ -462,6 +505,7 @@ final class StateEngine(
     // start before this commit ends, so the commit may write same-length updates in place (see
     // LiveState.applyCommit). A snapshot's writer reads the table's bytes until it ends.
     val inProgress = snapshotInProgress
+    markTouched(prepared) // before the table changes: a commit that fails half way has touched them too
     st.applyCommit(prepared, if (inProgress >= 0) math.min(byDepth, inProgress) else byDepth, inPlace = inProgress < 0)
     newId.foreach(i => lineageIds.put(newVersion, i))
     // A state still loading its snapshot's buckets loads a share after each commit, except in the
@@ -470,6 +514,26 @@ final class StateEngine(
     // Ids below the undo depth are no use: those versions are rebuilt from files.
     lineageIds.headMap(byDepth - 1, false).clear()
     CommitResult(newVersion, bytes, changes.size, changes.operations - changes.size, newId, liveBaseId)
+  }
+
+  /** Counts the buckets of the keys `prepared` changes as touched, in the base's account and the one being begun. */
+  private def markTouched(prepared: PreparedCommit): Unit = reuseLock.synchronized {
+    val base = if (reuseBase == null) null else reuseBase.touched
+    val next = tracking
+    if (base != null || next != null) {
+      val keys = prepared.keys
+      var i = 0
+      while (i < keys.length) {
+        val hash = keys(i).hashCode
+        if (base != null) base.mark(hash)
+        if (next != null) next.mark(hash)
+        i += 1
+      }
+      if (prepared.paged != null) { // keys moved to pages are not looked at one by one
+        if (base != null) base.markAll()
+        if (next != null) next.markAll()
+      }
+    }
   }
 
   /**
@@ -484,29 +548,50 @@ final class StateEngine(
   private def writeSnapshotIfDue(force: Boolean): Option[Long] = {
     // The version and `snapshotInProgress` are settled under the monitor, which commits hold for
     // their whole length: `s` is a committed version, and no commit drops undo entries above it.
-    val picked: Option[(LiveState, Long, Option[String])] = synchronized {
-      val st = state
-      // Forced snapshots come from the task thread, which may load the rest of the state; the
-      // maintenance thread must not, so a background snapshot waits until the state is whole.
-      if (force && st != null) st.loadAll()
-      val due = st != null && st.version > 0 && st.version != newestSnapshot && st.isFullyLoaded &&
-        (force || st.version - newestSnapshot >= settings.compactionInterval)
-      val locked = due && (if (force) { snapshotLock.lock(); true }
-                           else snapshotLock.tryLock())
-      if (locked) { snapshotInProgress = st.version; Some((st, st.version, Option(lineageIds.get(st.version)))) }
-      else None
-    }
-    picked.flatMap { case (st, s, id) =>
+    val picked: Option[(LiveState, Long, Option[String], Option[StateEngine.ReuseBase], TouchedBuckets)] =
+      synchronized {
+        val st = state
+        // Forced snapshots come from the task thread, which may load the rest of the state; the
+        // maintenance thread must not, so a background snapshot waits until the state is whole.
+        if (force && st != null) st.loadAll()
+        val due = st != null && st.version > 0 && st.version != newestSnapshot && st.isFullyLoaded &&
+          (force || st.version - newestSnapshot >= settings.compactionInterval)
+        val locked = due && (if (force) { snapshotLock.lock(); true }
+                             else snapshotLock.tryLock())
+        if (locked) {
+          snapshotInProgress = st.version
+          // The base's account, as of `s`: no commit runs while the monitor is held.
+          val (base, mine) = reuseLock.synchronized {
+            val b = reuseBase
+            tracking = TouchedBuckets.forState(st.recordBytes, settings.snapshotBucketBytes)
+            val usable = b != null && (b.state eq st) && b.version == newestSnapshot && b.version < st.version
+            (if (usable) Some(b.copy(touched = b.touched.copy())) else None, tracking)
+          }
+          Some((st, st.version, Option(lineageIds.get(st.version)), base, mine))
+        } else None
+      }
+    picked.flatMap { case (st, s, id, base, mine) =>
+      var from: Option[SnapshotBuckets] = None
       try {
         val started = System.nanoTime()
+        from = base.flatMap(openReuseBase)
         val pace: Int => Unit =
           if (force) _ => ()
           else new SnapshotPacer(SnapshotPacer.DefaultDutyCycle, () => snapshotLockWanted).wrote
-        val bytes = files.writeSnapshot(s, settings.codec, settings.snapshotBucketBytes, id, pace)(w =>
-          st.writeSnapshotView(s, w.putEntry(_, _, _)))
+        val reuse = from.map(b => new BucketReuse(b, base.get.touched.untouched)).orNull
+        var writer: SnapshotFileWriter = null
+        val bytes = files.writeSnapshot(s, settings.codec, settings.snapshotBucketBytes, id, pace, reuse) { w =>
+          writer = w
+          st.writeSnapshotView(s, w.putEntry(_, _, _))
+        }
         newestSnapshot = math.max(newestSnapshot, s)
+        bucketsReused += writer.reused
+        reuseLock.synchronized {
+          if (tracking eq mine) { reuseBase = StateEngine.ReuseBase(st, s, id, bytes, mine); tracking = null }
+        }
         log.info(f"Wrote snapshot of version $s for ${files.dir}: $bytes%d bytes in " +
-          f"${(System.nanoTime() - started) / 1e6}%.0f ms")
+          f"${(System.nanoTime() - started) / 1e6}%.0f ms, ${writer.reused}%d of ${writer.bucketCount}%d buckets " +
+          base.fold("(no earlier snapshot to copy from)")(b => s"copied from version ${b.version}"))
         Some(s)
       } catch {
         case _: SnapshotPacer.Abandoned =>
@@ -514,11 +599,33 @@ final class StateEngine(
             "the next commit or maintenance run starts it again")
           None
       } finally {
+        from.foreach(_.close())
+        reuseLock.synchronized { if (tracking eq mine) tracking = null }
         snapshotInProgress = -1
         snapshotLock.unlock()
       }
     }
   }
+
+  /**
+   * Opens the snapshot `base` names, to copy its unchanged buckets, when it is on the local disk
+   * (mapped, not read onto the heap); `None` when it is elsewhere, gone, damaged or not the size
+   * this engine wrote (another attempt at the version replaced it): the snapshot is then
+   * compressed whole, as without a base.
+   */
+  private def openReuseBase(base: StateEngine.ReuseBase): Option[SnapshotBuckets] =
+    if (!files.isLocal) None
+    else {
+      def ours(f: StateFile) =
+        f.kind == Snapshot && f.version == base.version && f.id == base.id && f.length == base.fileBytes
+      try files.list().find(ours).flatMap(files.openSnapshot)
+      catch {
+        case NonFatal(e) =>
+          log.warn(s"Could not open snapshot ${base.version} of ${files.dir} to copy its unchanged buckets; " +
+            s"compressing every bucket of the next one: $e")
+          None
+      }
+    }
 
   /**
    * The widest gap between the snapshots cleanup keeps below the newest: half the retained
@@ -628,6 +735,7 @@ final class StateEngine(
     st.loadAll() // replayed state serves Spark's state reader, which reads it whole
     st.version = endVersion
     withSnapshotLock {
+      forgetReuse()
       state = st; newestSnapshot = snapshotVersion
       highestKnownVersion = all.map(_.version).maxOption.getOrElse(0L)
       lineageIds.clear(); chain.lastOption.flatMap(_.id).orElse(endId).foreach(i => lineageIds.put(endVersion, i))
@@ -650,7 +758,7 @@ final class StateEngine(
     walk.journals.reverse
   }
 
-  def close(): Unit = synchronized { withSnapshotLock { state = null; lineageIds.clear() } }
+  def close(): Unit = synchronized { withSnapshotLock { forgetReuse(); state = null; lineageIds.clear() } }
 
   /**
    * Runs `body` holding `snapshotLock`. When a snapshot holds it, a paced (background) one gives
@@ -717,10 +825,18 @@ final class StateEngine(
       }
       opened match {
         case Some(st) =>
-          walk.journals.takeWhile(_.version > from).reverse.foreach(j => applyJournal(st, j))
+          // The snapshot is the next one's base (see `reuseBase`), with the keys of the journals
+          // above it counted as touched: a restart's first snapshot copies what they left alone.
+          val bits = st.snapshotBucketBits // before the journals, which may load every bucket
+          val touched = if (bits < 0) null else new TouchedBuckets(math.min(StateFileFormat.MaxBucketBits, bits + 1))
+          walk.journals.takeWhile(_.version > from).reverse.foreach(j => applyJournal(st, j, touched))
           st.version = version
           newestSnapshot = from
           wanted.foreach(i => lineageIds.put(version, i))
+          if (touched != null) {
+            val snap = candidate.get
+            reuseLock.synchronized { reuseBase = StateEngine.ReuseBase(st, from, snap.id, snap.length, touched) }
+          }
           return st
         case None =>
       }
@@ -756,8 +872,19 @@ final class StateEngine(
       st
   }
 
-  private def applyJournal(st: LiveState, file: StateFile): Unit =
-    st.journalLoaded(files.readEntries(file)(st.loadEntry, st.loadDelete).keyDelta)
+  /** Applies the journal `file` to `st`, counting its keys in `touched` when given. */
+  private def applyJournal(st: LiveState, file: StateFile, touched: TouchedBuckets = null): Unit =
+    if (touched == null) st.journalLoaded(files.readEntries(file)(st.loadEntry, st.loadDelete).keyDelta)
+    else {
+      val summary = files.readEntries(file)(
+        entry => { touched.mark(Entry.keyHash(entry)); st.loadEntry(entry) },
+        key => {
+          touched.mark(Key.hash(key, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.length))
+          st.loadDelete(key)
+        }
+      )
+      st.journalLoaded(summary.keyDelta)
+    }
 }
 
 /**

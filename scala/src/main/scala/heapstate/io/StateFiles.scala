@@ -29,6 +29,9 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
   private val fastFm = localFs.map(StateFiles.fastLocalManager(dir, hadoopConf, _)).getOrElse(fm)
   @volatile private var dirReady = false
 
+  /** Whether `dir` is on the local disk, where a snapshot is mapped rather than read onto the heap. */
+  def isLocal: Boolean = localFs.isDefined
+
   /** Every heapstate file in the directory, by version then kind (journal before snapshot). */
   def list(): Seq[StateFile] = {
     val statuses =
@@ -63,14 +66,15 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
   /**
    * Writes the snapshot of `version` atomically (see [[writeJournal]]), in buckets of about
    * `bucketBytes` of records; `pace` is called with the bytes of each entry collected and of each
-   * bucket written (see [[SnapshotFileWriter]]), and may throw to give the snapshot up.
+   * bucket written (see [[SnapshotFileWriter]]), and may throw to give the snapshot up. `reuse`:
+   * an earlier snapshot whose unchanged buckets are copied (see [[SnapshotFileWriter]]).
    */
   def writeSnapshot(version: Long, codec: Codec, bucketBytes: Int, id: Option[String] = None,
-      pace: Int => Unit = _ => ())(
+      pace: Int => Unit = _ => (), reuse: BucketReuse = null)(
       entries: SnapshotFileWriter => Unit): Long =
     writeAtomically(Snapshot, snapshotPath(version, id)) { out =>
       val header = StateFileFormat.Header(StateFileFormat.KindSnapshot, codec, version, partition)
-      val writer = new SnapshotFileWriter(out, header, bucketBytes, pace)
+      val writer = new SnapshotFileWriter(out, header, bucketBytes, pace, reuse)
       entries(writer)
       writer.finish()
     }

@@ -1,0 +1,219 @@
+package heapstate
+
+import java.io.{ByteArrayInputStream, ByteArrayOutputStream}
+
+import scala.collection.mutable
+
+import org.apache.hadoop.conf.Configuration
+import org.apache.hadoop.fs.Path
+import org.scalatest.funsuite.AnyFunSuite
+
+import heapstate.engine._
+import heapstate.io._
+
+/**
+ * A snapshot that copies the buckets no commit changed from the snapshot before it must be the
+ * file a fresh write of the same state makes, byte for byte, and hold the state of its version.
+ */
+class SnapshotReuseSuite extends AnyFunSuite {
+  private val path = new Path("/tmp/x/7.hs-snapshot")
+  private def header(codec: Codec) = StateFileFormat.Header(StateFileFormat.KindSnapshot, codec, 7, 3)
+
+  private def write(codec: Codec, entries: Map[Long, Array[Byte]], bucketBytes: Int, reuse: BucketReuse = null)
+      : (Array[Byte], SnapshotFileWriter) = {
+    val out = new ByteArrayOutputStream()
+    val w = new SnapshotFileWriter(out, header(codec), bucketBytes, _ => (), reuse)
+    entries.foreach { case (k, v) => w.put(java.nio.ByteBuffer.allocate(8).putLong(k).array(), v) }
+    assert(w.finish() == out.size())
+    (out.toByteArray, w)
+  }
+
+  private def open(bytes: Array[Byte]): SnapshotBuckets =
+    StateFileReader.openSnapshot(new ByteArrayInputStream(bytes), bytes.length, path, 7).get
+
+  private def keyOf(k: Long): Array[Byte] = java.nio.ByteBuffer.allocate(8).putLong(k).array()
+  private def hashOf(k: Long): Int = Key(keyOf(k)).hashCode
+
+  for (codec <- Codec.all) {
+    test(s"a snapshot that copies unchanged buckets is the file a fresh write makes (${codec.name})") {
+      val rng = new scala.util.Random(11)
+      def payload() = Array.fill(20 + rng.nextInt(40))(rng.nextInt(16).toByte)
+      val before = (0L until 5000L).map(k => k -> payload()).toMap
+      // Updates (some of the same length), removals and new keys: each marks its key's bucket.
+      val touched = new TouchedBuckets(StateFileFormat.MaxBucketBits)
+      var after = before
+      for (k <- 0L until 5000L by 97L) { after += k -> payload(); touched.mark(hashOf(k)) }
+      for (k <- 13L until 5000L by 331L) { after -= k; touched.mark(hashOf(k)) }
+      for (k <- 9000L until 9020L) { after += k -> payload(); touched.mark(hashOf(k)) }
+      val (first, _) = write(codec, before, bucketBytes = 256)
+      val (fresh, freshWriter) = write(codec, after, bucketBytes = 256)
+      val base = open(first)
+      try {
+        assert(base.bucketBits == open(fresh).bucketBits, "the two states must split into as many buckets")
+        val (copied, writer) = write(codec, after, bucketBytes = 256, new BucketReuse(base, touched.untouched))
+        assert(freshWriter.reused == 0)
+        assert(writer.reused > writer.bucketCount / 2 && writer.reused < writer.bucketCount,
+          s"${writer.reused} of ${writer.bucketCount} buckets copied")
+        assert(copied.toSeq == fresh.toSeq)
+      } finally base.close()
+    }
+  }
+
+  test("buckets are compressed afresh when the earlier snapshot has another split, another codec, or entries added") {
+    val before = (0L until 3000L).map(k => k -> Array.fill(30)(k.toByte)).toMap
+    val nothing = new TouchedBuckets(10)
+    val (first, _) = write(Codec.Zstd, before, bucketBytes = 512)
+    val base = open(first)
+    try {
+      // Twice the records: one more bucket bit.
+      val grown = before ++ (10000L until 13000L).map(k => k -> Array.fill(30)(k.toByte))
+      assert(write(Codec.Zstd, grown, 512, new BucketReuse(base, nothing.untouched))._2.reused == 0)
+      assert(write(Codec.Lz4, before, 512, new BucketReuse(base, nothing.untouched))._2.reused == 0)
+      // A caller that missed the keys it added: their buckets' counts differ, so they are filled anew.
+      val added = before ++ Seq(20000L -> Array.fill(30)(1.toByte))
+      val (bytes, w) = write(Codec.Zstd, added, 512, new BucketReuse(base, nothing.untouched))
+      assert(w.reused == w.bucketCount - 1)
+      assert(bytes.toSeq == write(Codec.Zstd, added, 512)._1.toSeq)
+    } finally base.close()
+  }
+
+  test("touched buckets answer for every coarser split") {
+    val t = new TouchedBuckets(6)
+    val hash = 0x9c000000 // bucket 39 of 64 (0b100111): 19 of 32, 9 of 16, 4 of 8, 2 of 4, 1 of 2, 0 of 1
+    t.mark(hash)
+    for (k <- 0 to 6; b <- 0 until (1 << k)) {
+      assert(t.untouched(b, k) == (b != (39 >>> (6 - k))), s"bucket $b of ${1 << k}")
+    }
+    assert(!t.untouched(0, 7), "a split finer than the account's is never known to be untouched")
+    val big = new TouchedBuckets(12)
+    big.mark(0x00100000) // bucket 1 of 4096
+    assert(!big.untouched(0, 5) && big.untouched(1, 5) && !big.untouched(0, 0))
+    val copy = big.copy()
+    big.markAll()
+    assert(!big.untouched(1, 5) && copy.untouched(1, 5))
+  }
+
+  /** Asserts that snapshot `f` holds exactly `model`, naming a few of the keys that differ. */
+  private def assertHolds(files: StateFiles, f: StateFileNames.StateFile, model: Map[Long, Long]): Unit = {
+    val got = contents(files, f)
+    val wrong = (got.keySet ++ model.keySet).filter(k => got.get(k) != model.get(k))
+    assert(wrong.isEmpty, s"snapshot of version ${f.version}: ${wrong.size} keys differ from the model, " +
+      wrong.take(5).map(k => s"$k: ${got.get(k)} against ${model.get(k)}").mkString("; "))
+  }
+
+  /** Each key of the snapshot file `f` with its value. */
+  private def contents(files: StateFiles, f: StateFileNames.StateFile): Map[Long, Long] = {
+    val got = mutable.Map.empty[Long, Long]
+    files.read(f)((k, v) => got(java.nio.ByteBuffer.wrap(k).getLong) = java.nio.ByteBuffer.wrap(v).getLong,
+      _ => fail("a delete in a snapshot"))
+    got.toMap
+  }
+
+  test("an engine's snapshots copy what no commit changed since its last one, and hold their versions") {
+    val dir = new Path(StoreFixture.tempDir(), "store")
+    val files = new StateFiles(dir, new Configuration(), 0)
+    val settings = EngineSettings(4, Codec.Zstd, 2, 1000, snapshotBucketBytes = 256)
+    val engine = new StateEngine(files, settings, None)
+    def value(v: Long) = java.nio.ByteBuffer.allocate(8).putLong(v).array()
+    val rng = new scala.util.Random(5)
+    var model = Map.empty[Long, Long]
+    val models = mutable.Map[Long, Map[Long, Long]]()
+    def commit(v: Long)(changes: ChangeSet => Unit): Unit = {
+      engine.ensureAt(v)
+      val cs = new ChangeSet(engine.live)
+      changes(cs)
+      engine.commit(v, cs)
+      models(v + 1) = model
+    }
+    def put(cs: ChangeSet, k: Long, x: Long): Unit = { val key = Key(keyOf(k)); cs.put(key, Entry(key.bytes, value(x))); model += k -> x }
+    def remove(cs: ChangeSet, k: Long): Unit = { cs.remove(Key(keyOf(k))); model -= k }
+    engine.ensureAt(0)
+    commit(0)(cs => (0L until 20000L).foreach(k => put(cs, k, k)))
+    val reusedBefore = mutable.ArrayBuffer.empty[Long]
+    def snapshot(): Long = {
+      val was = engine.snapshotBucketsReused
+      val v = engine.snapshotIfDue(force = true).get
+      reusedBefore += engine.snapshotBucketsReused - was
+      v
+    }
+    assert(snapshot() == 1)
+    // Same-length updates (written in place: no snapshot is being written), removals, new keys.
+    for (v <- 1L until 9L) commit(v) { cs =>
+      for (_ <- 0 until 40) put(cs, rng.nextInt(20000).toLong, rng.nextLong())
+      for (_ <- 0 until 5) remove(cs, rng.nextInt(20000).toLong)
+      put(cs, 100000L + v, v)
+    }
+    assert(engine.live.writtenInPlace > 0)
+    assert(snapshot() == 9)
+    assert(reusedBefore.toList.head == 0, "the first snapshot has nothing to copy from")
+    assert(reusedBefore(1) > 0, "the second snapshot copied nothing")
+    // The same state written afresh, to another directory: the same file.
+    val fresh = new StateFiles(new Path(StoreFixture.tempDir(), "fresh"), new Configuration(), 0)
+    fresh.writeSnapshot(9, Codec.Zstd, 256)(w => engine.live.writeSnapshotView(9, w.putEntry(_, _, _)))
+    def bytesOf(fs: StateFiles) =
+      java.nio.file.Files.readAllBytes(new java.io.File(fs.snapshotPath(9).toUri.getPath).toPath).toSeq
+    assert(bytesOf(files) == bytesOf(fresh))
+    // A roll-back forgets the base: the next snapshot compresses every bucket.
+    commit(9)(cs => put(cs, 5L, 55L))
+    commit(10)(cs => put(cs, 6L, 66L))
+    model = models(10)
+    engine.ensureAt(10) // one step back, through the undo log
+    commit(10)(cs => put(cs, 7L, 77L))
+    assert(snapshot() == 11)
+    assert(reusedBefore.last == 0, "a snapshot after a roll-back copied buckets")
+    // A later one copies from that one again.
+    commit(11)(cs => put(cs, 8L, 88L))
+    assert(snapshot() == 12)
+    assert(reusedBefore.last > 0)
+    for (f <- files.list().filter(_.kind == StateFileNames.Snapshot)) {
+      assertHolds(files, f, models(f.version))
+    }
+    // The base's account: 2^(bits + 1) bits for a state of 2^bits buckets, counted in memoryUsedBytes.
+    val bits = StateFileFormat.bucketBitsFor(engine.live.recordBytes, 256)
+    assert(engine.reuseAccountBytes == new TouchedBuckets(bits + 1).heapBytes)
+    engine.close()
+    assert(engine.reuseAccountBytes == 0)
+  }
+
+  test("a restarted engine's first snapshot copies from the snapshot it was rebuilt from what the journals left alone") {
+    val dir = new Path(StoreFixture.tempDir(), "store")
+    val settings = EngineSettings(100, Codec.Zstd, 2, 1000, snapshotBucketBytes = 256)
+    def value(v: Long) = java.nio.ByteBuffer.allocate(8).putLong(v).array()
+    var model = Map.empty[Long, Long]
+    def commit(engine: StateEngine, v: Long)(changes: ChangeSet => Unit): Unit = {
+      engine.ensureAt(v)
+      val cs = new ChangeSet(engine.live)
+      changes(cs)
+      engine.commit(v, cs)
+    }
+    def put(cs: ChangeSet, k: Long, x: Long): Unit = { val key = Key(keyOf(k)); cs.put(key, Entry(key.bytes, value(x))); model += k -> x }
+    def remove(cs: ChangeSet, k: Long): Unit = { cs.remove(Key(keyOf(k))); model -= k }
+    val first = new StateEngine(new StateFiles(dir, new Configuration(), 0), settings, None)
+    first.ensureAt(0)
+    commit(first, 0)(cs => (0L until 20000L).foreach(k => put(cs, k, k)))
+    assert(first.snapshotIfDue(force = true).contains(1))
+    // Journals 2 to 4: updates, removals and new keys, then the engine goes away.
+    for (v <- 1L until 4L) commit(first, v) { cs =>
+      for (k <- (v * 7) until 20000L by 401L) put(cs, k, -k)
+      remove(cs, v * 1000 + 3)
+      put(cs, 50000L + v, v)
+    }
+    first.close()
+    val files = new StateFiles(dir, new Configuration(), 0)
+    val engine = new StateEngine(files, settings, None)
+    engine.ensureAt(4) // snapshot 1 and journals 2 to 4
+    commit(engine, 4)(cs => put(cs, 12345L, 1L))
+    engine.live.loadAll()
+    assert(engine.snapshotIfDue(force = true).contains(5))
+    val reused = engine.snapshotBucketsReused
+    assert(reused > 0, "the first snapshot after the restart copied nothing")
+    val snapshot5 = files.list().find(f => f.kind == StateFileNames.Snapshot && f.version == 5).get
+    assertHolds(files, snapshot5, model)
+    val fresh = new StateFiles(new Path(StoreFixture.tempDir(), "fresh"), new Configuration(), 0)
+    fresh.writeSnapshot(5, Codec.Zstd, 256)(w => engine.live.writeSnapshotView(5, w.putEntry(_, _, _)))
+    def bytesOf(fs: StateFiles) =
+      java.nio.file.Files.readAllBytes(new java.io.File(fs.snapshotPath(5).toUri.getPath).toPath).toSeq
+    assert(bytesOf(files) == bytesOf(fresh))
+    engine.close()
+  }
+}

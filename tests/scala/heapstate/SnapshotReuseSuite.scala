@@ -77,6 +77,40 @@ class SnapshotReuseSuite extends AnyFunSuite {
     } finally base.close()
   }
 
+  test("a base file changed or cut short after it was opened fails the copy, never the new file's contents") {
+    val rng = new scala.util.Random(3)
+    val before = (0L until 20000L).map(k => k -> Array.fill(200)(rng.nextInt(16).toByte)).toMap
+    val (first, _) = write(Codec.Zstd, before, bucketBytes = 4096)
+    val nothing = new TouchedBuckets(StateFileFormat.MaxBucketBits) // every bucket is copied
+    def copyAfter(spoil: java.io.RandomAccessFile => Unit): BucketReuse.CopyFailed = {
+      val dir = java.nio.file.Files.createTempDirectory("reuse-spoilt")
+      val file = dir.resolve("7.hs-snapshot").toFile
+      java.nio.file.Files.write(file.toPath, first)
+      file.deleteOnExit(); dir.toFile.deleteOnExit()
+      val in = new java.io.FileInputStream(file)
+      val base =
+        try StateFileReader.openSnapshot(in, first.length, path, 7, Some(file)).get
+        finally in.close()
+      try {
+        assert(base.isMapped)
+        val raf = new java.io.RandomAccessFile(file, "rw")
+        try spoil(raf)
+        finally raf.close()
+        intercept[BucketReuse.CopyFailed](write(Codec.Zstd, before, 4096, new BucketReuse(base, nothing.untouched)))
+      } finally base.close()
+    }
+    // A byte changed in place: the mapping shows it and the copy reads it without a fault; the
+    // check of the whole body after the last bucket finds it.
+    val changed = copyAfter { raf =>
+      raf.seek(first.length / 2); val b = raf.read(); raf.seek(first.length / 2); raf.write(b ^ 0xff)
+    }
+    assert(changed.getMessage.contains(path.toString) && changed.getMessage.contains("changed since it was opened"),
+      changed.getMessage)
+    // Cut short: the pages past the end fault, the one left reads as zeros.
+    val cut = copyAfter(_.getChannel.truncate(StateFileFormat.HeaderBytes.toLong))
+    assert(cut.getMessage.contains(path.toString), cut.getMessage)
+  }
+
   test("touched buckets answer for every coarser split") {
     val t = new TouchedBuckets(6)
     val hash = 0x9c000000 // bucket 39 of 64 (0b100111): 19 of 32, 9 of 16, 4 of 8, 2 of 4, 1 of 2, 0 of 1
@@ -97,8 +131,11 @@ class SnapshotReuseSuite extends AnyFunSuite {
   private def assertHolds(files: StateFiles, f: StateFileNames.StateFile, model: Map[Long, Long]): Unit = {
     val got = contents(files, f)
     val wrong = (got.keySet ++ model.keySet).filter(k => got.get(k) != model.get(k))
-    assert(wrong.isEmpty, s"snapshot of version ${f.version}: ${wrong.size} keys differ from the model, " +
-      wrong.take(5).map(k => s"$k: ${got.get(k)} against ${model.get(k)}").mkString("; "))
+    assert(
+      wrong.isEmpty,
+      s"snapshot of version ${f.version}: ${wrong.size} keys differ from the model, " +
+        wrong.take(5).map(k => s"$k: ${got.get(k)} against ${model.get(k)}").mkString("; ")
+    )
   }
 
   /** Each key of the snapshot file `f` with its value. */
@@ -125,7 +162,9 @@ class SnapshotReuseSuite extends AnyFunSuite {
       engine.commit(v, cs)
       models(v + 1) = model
     }
-    def put(cs: ChangeSet, k: Long, x: Long): Unit = { val key = Key(keyOf(k)); cs.put(key, Entry(key.bytes, value(x))); model += k -> x }
+    def put(cs: ChangeSet, k: Long, x: Long): Unit = {
+      val key = Key(keyOf(k)); cs.put(key, Entry(key.bytes, value(x))); model += k -> x
+    }
     def remove(cs: ChangeSet, k: Long): Unit = { cs.remove(Key(keyOf(k))); model -= k }
     engine.ensureAt(0)
     commit(0)(cs => (0L until 20000L).foreach(k => put(cs, k, k)))
@@ -175,7 +214,50 @@ class SnapshotReuseSuite extends AnyFunSuite {
     assert(engine.reuseAccountBytes == 0)
   }
 
-  test("a restarted engine's first snapshot copies from the snapshot it was rebuilt from what the journals left alone") {
+  test(
+    "a snapshot whose base file is damaged, gone or off the local disk compresses every bucket, and holds its version") {
+    def run(conf: Configuration)(spoil: (StateFiles, StateFileNames.StateFile) => Unit): (Long, Long) = {
+      val files = new StateFiles(new Path(StoreFixture.tempDir(), "store"), conf, 0)
+      val engine = new StateEngine(files, EngineSettings(100, Codec.Zstd, 2, 1000, snapshotBucketBytes = 256), None)
+      def value(v: Long) = java.nio.ByteBuffer.allocate(8).putLong(v).array()
+      var model = Map.empty[Long, Long]
+      def commit(v: Long)(keys: Seq[Long]): Unit = {
+        engine.ensureAt(v)
+        val cs = new ChangeSet(engine.live)
+        keys.foreach { k =>
+          val key = Key(keyOf(k)); cs.put(key, Entry(key.bytes, value(k + v))); model += k -> (k + v)
+        }
+        engine.commit(v, cs)
+      }
+      engine.ensureAt(0)
+      commit(0)(0L until 5000L)
+      engine.snapshotIfDue(force = true)
+      val accounts = engine.reuseAccountBytes
+      commit(1)(Seq(7L, 8L))
+      spoil(files, files.list().find(_.kind == StateFileNames.Snapshot).get)
+      assert(engine.snapshotIfDue(force = true).contains(2))
+      assertHolds(files, files.list().find(f => f.kind == StateFileNames.Snapshot && f.version == 2).get, model)
+      engine.close()
+      (engine.snapshotBucketsReused, accounts)
+    }
+    assert(run(new Configuration())((_, _) => ())._1 > 0, "the control copied nothing")
+    val (damaged, _) = run(new Configuration()) { (_, f) =>
+      val raf = new java.io.RandomAccessFile(new java.io.File(f.path.toUri.getPath), "rw")
+      try { raf.seek(f.length / 2); raf.write(raf.read() ^ 0xff) }
+      finally raf.close()
+    }
+    assert(damaged == 0)
+    val (gone, _) = run(new Configuration())((files, f) => files.delete(f.path))
+    assert(gone == 0)
+    val remote = new Configuration()
+    remote.set(StateFiles.FileManagerClassKey,
+      "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager")
+    val (offLocal, accounts) = run(remote)((_, _) => ())
+    assert(offLocal == 0 && accounts == 0, "off the local disk nothing is copied and no account is kept")
+  }
+
+  test(
+    "a restarted engine's first snapshot copies from the snapshot it was rebuilt from what the journals left alone") {
     val dir = new Path(StoreFixture.tempDir(), "store")
     val settings = EngineSettings(100, Codec.Zstd, 2, 1000, snapshotBucketBytes = 256)
     def value(v: Long) = java.nio.ByteBuffer.allocate(8).putLong(v).array()
@@ -186,7 +268,9 @@ class SnapshotReuseSuite extends AnyFunSuite {
       changes(cs)
       engine.commit(v, cs)
     }
-    def put(cs: ChangeSet, k: Long, x: Long): Unit = { val key = Key(keyOf(k)); cs.put(key, Entry(key.bytes, value(x))); model += k -> x }
+    def put(cs: ChangeSet, k: Long, x: Long): Unit = {
+      val key = Key(keyOf(k)); cs.put(key, Entry(key.bytes, value(x))); model += k -> x
+    }
     def remove(cs: ChangeSet, k: Long): Unit = { cs.remove(Key(keyOf(k))); model -= k }
     val first = new StateEngine(new StateFiles(dir, new Configuration(), 0), settings, None)
     first.ensureAt(0)

@@ -154,9 +154,17 @@ object SnapshotPacer {
 object StateEngine {
   private val running = new java.util.concurrent.atomic.AtomicInteger()
 
-  /** A snapshot an engine wrote of `state` at `version` (checkpoint id `id`), and the buckets commits touched since. */
+  /**
+   * The snapshot of `state` at `version` (checkpoint id `id`) that an engine wrote or rebuilt
+   * from, the length and body checksum it had then, and the buckets commits touched since.
+   */
   private final case class ReuseBase(
-      state: LiveState, version: Long, id: Option[String], fileBytes: Long, touched: TouchedBuckets)
+      state: LiveState,
+      version: Long,
+      id: Option[String],
+      fileBytes: Long,
+      bodyCrc: Int,
+      touched: TouchedBuckets)
 
   /**
    * How many commits run now, in every store of this JVM; background snapshots wait for them (see
@@ -563,7 +571,9 @@ final class StateEngine(
           // The base's account, as of `s`: no commit runs while the monitor is held.
           val (base, mine) = reuseLock.synchronized {
             val b = reuseBase
-            tracking = TouchedBuckets.forState(st.recordBytes, settings.snapshotBucketBytes)
+            // Off the local disk nothing is copied (see openReuseBase): no account to keep.
+            tracking =
+              if (files.isLocal) TouchedBuckets.forState(st.recordBytes, settings.snapshotBucketBytes) else null
             val usable = b != null && (b.state eq st) && b.version == newestSnapshot && b.version < st.version
             (if (usable) Some(b.copy(touched = b.touched.copy())) else None, tracking)
           }
@@ -578,20 +588,30 @@ final class StateEngine(
         val pace: Int => Unit =
           if (force) _ => ()
           else new SnapshotPacer(SnapshotPacer.DefaultDutyCycle, () => snapshotLockWanted).wrote
-        val reuse = from.map(b => new BucketReuse(b, base.get.touched.untouched)).orNull
         var writer: SnapshotFileWriter = null
-        val bytes = files.writeSnapshot(s, settings.codec, settings.snapshotBucketBytes, id, pace, reuse) { w =>
-          writer = w
-          st.writeSnapshotView(s, w.putEntry(_, _, _))
-        }
+        def write(reuse: BucketReuse): Long =
+          files.writeSnapshot(s, settings.codec, settings.snapshotBucketBytes, id, pace, reuse) { w =>
+            writer = w
+            st.writeSnapshotView(s, w.putEntry(_, _, _))
+          }
+        val bytes =
+          try write(from.map(b => new BucketReuse(b, base.get.touched.untouched)).orNull)
+          catch {
+            case e: BucketReuse.CopyFailed =>
+              log.warn(s"Could not copy buckets of snapshot ${base.get.version} of ${files.dir}; writing the " +
+                s"snapshot of version $s afresh: ${e.getMessage}")
+              write(null)
+          }
         newestSnapshot = math.max(newestSnapshot, s)
         bucketsReused += writer.reused
         reuseLock.synchronized {
-          if (tracking eq mine) { reuseBase = StateEngine.ReuseBase(st, s, id, bytes, mine); tracking = null }
+          if (mine != null && (tracking eq mine)) {
+            reuseBase = StateEngine.ReuseBase(st, s, id, bytes, writer.bodyCrc, mine); tracking = null
+          }
         }
         log.info(f"Wrote snapshot of version $s for ${files.dir}: $bytes%d bytes in " +
           f"${(System.nanoTime() - started) / 1e6}%.0f ms, ${writer.reused}%d of ${writer.bucketCount}%d buckets " +
-          base.fold("(no earlier snapshot to copy from)")(b => s"copied from version ${b.version}"))
+          (if (writer.reused > 0) s"copied from version ${base.get.version}" else "copied"))
         Some(s)
       } catch {
         case _: SnapshotPacer.Abandoned =>
@@ -609,16 +629,17 @@ final class StateEngine(
 
   /**
    * Opens the snapshot `base` names, to copy its unchanged buckets, when it is on the local disk
-   * (mapped, not read onto the heap); `None` when it is elsewhere, gone, damaged or not the size
-   * this engine wrote (another attempt at the version replaced it): the snapshot is then
-   * compressed whole, as without a base.
+   * (mapped, not read onto the heap); `None` when it is elsewhere, gone, damaged or not the file
+   * this engine wrote or read (its length or body checksum differs: another attempt at the
+   * version replaced it): the snapshot is then compressed whole, as without a base.
    */
   private def openReuseBase(base: StateEngine.ReuseBase): Option[SnapshotBuckets] =
     if (!files.isLocal) None
     else {
       def ours(f: StateFile) =
         f.kind == Snapshot && f.version == base.version && f.id == base.id && f.length == base.fileBytes
-      try files.list().find(ours).flatMap(files.openSnapshot)
+      def same(b: SnapshotBuckets) = b.bodyCrc == base.bodyCrc || { b.close(); false }
+      try files.list().find(ours).flatMap(files.openSnapshot).filter(same)
       catch {
         case NonFatal(e) =>
           log.warn(s"Could not open snapshot ${base.version} of ${files.dir} to copy its unchanged buckets; " +
@@ -828,14 +849,17 @@ final class StateEngine(
           // The snapshot is the next one's base (see `reuseBase`), with the keys of the journals
           // above it counted as touched: a restart's first snapshot copies what they left alone.
           val bits = st.snapshotBucketBits // before the journals, which may load every bucket
-          val touched = if (bits < 0) null else new TouchedBuckets(math.min(StateFileFormat.MaxBucketBits, bits + 1))
+          val crc = st.snapshotBodyCrc
+          val touched =
+            if (bits < 0 || !files.isLocal) null
+            else new TouchedBuckets(math.min(StateFileFormat.MaxBucketBits, bits + 1))
           walk.journals.takeWhile(_.version > from).reverse.foreach(j => applyJournal(st, j, touched))
           st.version = version
           newestSnapshot = from
           wanted.foreach(i => lineageIds.put(version, i))
           if (touched != null) {
             val snap = candidate.get
-            reuseLock.synchronized { reuseBase = StateEngine.ReuseBase(st, from, snap.id, snap.length, touched) }
+            reuseLock.synchronized { reuseBase = StateEngine.ReuseBase(st, from, snap.id, snap.length, crc, touched) }
           }
           return st
         case None =>

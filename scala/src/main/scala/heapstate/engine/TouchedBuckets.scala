@@ -8,7 +8,7 @@ import heapstate.io.StateFileFormat
  * key's hash ([[StateFileFormat.bucketOf]]). It answers for any coarser split of the keys too:
  * bucket `b` of `1 << k` buckets (`k <= bits`) is buckets `b << (bits - k)` to
  * `((b + 1) << (bits - k)) - 1` of this one. At most 2^20 bits (128 KiB). Not thread-safe: the
- * engine uses it under its monitor.
+ * engine uses it under its `reuseLock`, or alone (a copy).
  */
 final class TouchedBuckets(val bits: Int) {
   require(bits >= 0 && bits <= StateFileFormat.MaxBucketBits, s"$bits bucket bits")
@@ -54,5 +54,6 @@ object TouchedBuckets {
    * up to twice as large.
    */
   def forState(recordBytes: Long, bucketBytes: Int): TouchedBuckets =
-    new TouchedBuckets(math.min(StateFileFormat.MaxBucketBits, StateFileFormat.bucketBitsFor(recordBytes, bucketBytes) + 1))
+    new TouchedBuckets(math.min(StateFileFormat.MaxBucketBits,
+        StateFileFormat.bucketBitsFor(recordBytes, bucketBytes) + 1))
 }

@@ -358,9 +358,13 @@ final class SnapshotFileWriter(
     putEntry(e)
   }
 
-  /** After [[finish]]: how many buckets the snapshot has, and how many of them were copied from `reuse`. */
+  /**
+   * After [[finish]]: how many buckets the snapshot has, how many of them were copied from
+   * `reuse`, and the CRC-32C of the body (the trailer's).
+   */
   var bucketCount = 0
   var reused = 0
+  var bodyCrc = 0
 
   /** The bucket being filled ([[fillBucket]]), and how many records it holds. */
   private var block = new Array[Byte](0)
@@ -388,36 +392,52 @@ final class SnapshotFileWriter(
     val codec = header.codec.blocks()
     val from =
       if (reuse != null && reuse.from.bucketBits == bits && reuse.from.codec == header.codec) reuse.from else null
+    // A read of a mapping cut short faults with an InternalError, which the JVM may deliver a little
+    // after the read, from compiled code: anywhere in the copying, or in the check after it.
     try {
-      var b = 0
-      while (b < buckets) {
-        val entries = starts(b + 1) - starts(b)
-        if (from != null && entries == from.recordCount(b) && reuse.unchanged(b, bits)) {
-          compressed = from.copyStored(b, out, compressed)
-          putIntBE(index, IndexEntryBytes * b, from.storedLength(b))
-          putIntBE(index, IndexEntryBytes * b + 4, from.rawLength(b))
-          putIntBE(index, IndexEntryBytes * b + 8, entries)
-          keys += entries
-          reused += 1
-          pace(from.storedLength(b))
-        } else {
-          val len = fillBucket(order, starts(b), starts(b + 1))
-          var stored = 0
-          if (blockRecords > 0) {
-            val room = codec.maxCompressedLength(len)
-            if (compressed.length < room) compressed = new Array[Byte](math.max(room, 2 * compressed.length))
-            stored = codec.compress(block, len, compressed)
-            out.write(compressed, 0, stored)
+      try {
+        var b = 0
+        while (b < buckets) {
+          val entries = starts(b + 1) - starts(b)
+          if (from != null && entries == from.recordCount(b) && reuse.unchanged(b, bits)) {
+            // A mapped file cut short since it was opened fails the copy (perhaps only after some
+            // bytes were written), or reads as zeros, which the check after the last bucket finds:
+            // either way the caller gives up this file and writes the snapshot afresh.
+            try compressed = from.copyStored(b, out, compressed)
+            catch { case e: StateFileException => throw new BucketReuse.CopyFailed(e) }
+            putIntBE(index, IndexEntryBytes * b, from.storedLength(b))
+            putIntBE(index, IndexEntryBytes * b + 4, from.rawLength(b))
+            putIntBE(index, IndexEntryBytes * b + 8, entries)
+            keys += entries
+            reused += 1
+            pace(from.storedLength(b))
+          } else {
+            val len = fillBucket(order, starts(b), starts(b + 1))
+            var stored = 0
+            if (blockRecords > 0) {
+              val room = codec.maxCompressedLength(len)
+              if (compressed.length < room) compressed = new Array[Byte](math.max(room, 2 * compressed.length))
+              stored = codec.compress(block, len, compressed)
+              out.write(compressed, 0, stored)
+            }
+            putIntBE(index, IndexEntryBytes * b, stored)
+            putIntBE(index, IndexEntryBytes * b + 4, len)
+            putIntBE(index, IndexEntryBytes * b + 8, blockRecords)
+            keys += blockRecords
+            pace(len)
           }
-          putIntBE(index, IndexEntryBytes * b, stored)
-          putIntBE(index, IndexEntryBytes * b + 4, len)
-          putIntBE(index, IndexEntryBytes * b + 8, blockRecords)
-          keys += blockRecords
-          pace(len)
+          b += 1
         }
-        b += 1
+      } finally codec.close()
+      if (reused > 0) {
+        try from.recheck()
+        catch { case e: StateFileException => throw new BucketReuse.CopyFailed(e) }
       }
-    } finally codec.close()
+    } catch {
+      case e: InternalError if from != null && from.isMapped =>
+        throw new BucketReuse.CopyFailed(
+          new StateFileException(from.path, from.version, StateFileReader.mappedUnreadable(e), e))
+    }
     bucketCount = buckets
     out.write(index)
     val footer = ByteBuffer.allocate(FooterBytes)
@@ -426,6 +446,7 @@ final class SnapshotFileWriter(
     out.flush()
     bases = null // what the writer collected is no longer needed
     block = null
+    bodyCrc = body.crc.getValue.toInt
     writeTrailer(raw, body.count, body.crc.getValue.toInt)
     HeaderBytes + body.count + TrailerBytes
   }
@@ -526,6 +547,11 @@ final class SnapshotFileWriter(
  * since it changed a key of bucket `b` of `1 << bits`. The caller closes `from`.
  */
 final class BucketReuse(val from: SnapshotBuckets, val unchanged: (Int, Int) => Boolean)
+
+object BucketReuse {
+  /** Copying from the earlier snapshot failed (its file changed since it was opened); write afresh. */
+  final class CopyFailed(cause: StateFileException) extends java.io.IOException(cause.getMessage, cause)
+}
 
 object SnapshotFileWriter {
   /**
@@ -748,7 +774,7 @@ object StateFileReader {
     // after it was mapped; nothing else here throws one.
     def check(): SnapshotBuckets = {
       val bodyLength = fileLength - HeaderBytes - TrailerBytes
-      val body = local match {
+      val (body, bodyCrc) = local match {
         case Some(file) =>
           val channel = java.nio.channels.FileChannel.open(file.toPath)
           try {
@@ -760,13 +786,13 @@ object StateFileReader {
             while (trailer.hasRemaining && channel.read(trailer, HeaderBytes + bodyLength + trailer.position()) >= 0) {}
             if (trailer.hasRemaining) throw new EOFException(s"the trailer ended after ${trailer.position()} bytes")
             checkTrailer(trailer.flip(), bodyLength, crc, path, version)
-            mapped
+            (mapped, crc)
           } finally channel.close() // the mappings outlive the channel
         case None =>
           val checked = new ChecksummedInput(in, bodyLength)
           val read = ChunkedBytes.read(checked, bodyLength)
           checkTrailer(data, bodyLength, checked.crc.getValue.toInt, path, version)
-          read
+          (read, checked.crc.getValue.toInt)
       }
       def broken(reason: String) = bad(path, version, s"its snapshot index is damaged: $reason")
       if (bodyLength < FooterBytes) throw broken(s"a body of $bodyLength bytes has no room for it")
@@ -797,7 +823,7 @@ object StateFileReader {
       }
       if (at != indexStart) throw broken(s"its buckets add up to $at bytes, but they take $indexStart")
       if (keys != keyCount) throw broken(s"its buckets hold $keys records, but it says $keyCount keys")
-      new SnapshotBuckets(path, version, header, body, bits, index, offsets, keyCount)
+      new SnapshotBuckets(path, version, header, body, bodyCrc, bits, index, offsets, keyCount)
     }
     try check()
     catch { case e: InternalError if local.isDefined => throw bad(path, version, mappedUnreadable(e), e) }
@@ -821,6 +847,13 @@ private[io] final class ChunkedBytes private (chunks: Array[ByteBuffer], val len
 
   def getInt(pos: Long): Int = (byte(pos) << 24) | (byte(pos + 1) << 16) | (byte(pos + 2) << 8) | byte(pos + 3)
   def getLong(pos: Long): Long = (getInt(pos).toLong << 32) | (getInt(pos + 4) & 0xffffffffL)
+
+  /** The CRC-32C of all the bytes, read again. */
+  def crc(): Int = {
+    val crc = new CRC32C
+    chunks.foreach(c => crc.update(c.duplicate()))
+    crc.getValue.toInt
+  }
 
   /**
    * Writes the `len` bytes at `pos` to `out`: straight from a chunk's own array, or from a mapping
@@ -926,6 +959,8 @@ final class SnapshotBuckets private[io] (
     val version: Long,
     header: StateFileFormat.Header,
     body: ChunkedBytes,
+    /** The CRC-32C of the body, as checked against the trailer. */
+    val bodyCrc: Int,
     bits: Int,
     index: Array[Int],
     offsets: Array[Long],
@@ -954,6 +989,23 @@ final class SnapshotBuckets private[io] (
     val stored = index(3 * b)
     try body.copyTo(offsets(b), stored, out, scratch)
     catch { case e: InternalError if body.isMapped => throw bad(b, StateFileReader.mappedUnreadable(e), e) }
+  }
+
+  /**
+   * Checks the body against its checksum again: a mapped file changed since it was opened (cut
+   * short, its pages then read as zeros or not at all) fails here with an error naming it.
+   */
+  def recheck(): Unit = {
+    val crc =
+      try body.crc()
+      catch {
+        case e: InternalError if body.isMapped =>
+          throw new StateFileException(path, version, StateFileReader.mappedUnreadable(e), e)
+      }
+    if (crc != bodyCrc) {
+      throw new StateFileException(path, version,
+        f"it changed since it was opened: its body's CRC-32C is now $crc%08x, not $bodyCrc%08x")
+    }
   }
 
   /** Whether the stored body is mapped from the local file (see [[StateFileReader.openSnapshot]]) rather than on the heap. */

@@ -123,10 +123,8 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     val p = pending
     counted + (if (p == null) 0 else p.heldBytes)
   }
-  /** The bucket bits of the snapshot still loading, or -1 when none is. */
-  def snapshotBucketBits: Int = { val p = pending; if (p == null) -1 else p.buckets.bucketBits }
-  /** The body checksum of the snapshot still loading (0 when none is). */
-  def snapshotBodyCrc: Int = { val p = pending; if (p == null) 0 else p.buckets.bodyCrc }
+  /** The snapshot still loading, or null when none is. */
+  def loadingSnapshot: SnapshotBuckets = { val p = pending; if (p == null) null else p.buckets }
   /** Whether every key is in `table` (no snapshot bucket is still to load). */
   def isFullyLoaded: Boolean = pending == null
   /** How many buckets of a snapshot are still to load. */

@@ -848,18 +848,19 @@ final class StateEngine(
         case Some(st) =>
           // The snapshot is the next one's base (see `reuseBase`), with the keys of the journals
           // above it counted as touched: a restart's first snapshot copies what they left alone.
-          val bits = st.snapshotBucketBits // before the journals, which may load every bucket
-          val crc = st.snapshotBodyCrc
+          val loading = st.loadingSnapshot // before the journals, which may load every bucket
           val touched =
-            if (bits < 0 || !files.isLocal) null
-            else new TouchedBuckets(math.min(StateFileFormat.MaxBucketBits, bits + 1))
+            if (loading == null || !files.isLocal) null
+            else new TouchedBuckets(math.min(StateFileFormat.MaxBucketBits, loading.bucketBits + 1))
           walk.journals.takeWhile(_.version > from).reverse.foreach(j => applyJournal(st, j, touched))
           st.version = version
           newestSnapshot = from
           wanted.foreach(i => lineageIds.put(version, i))
           if (touched != null) {
             val snap = candidate.get
-            reuseLock.synchronized { reuseBase = StateEngine.ReuseBase(st, from, snap.id, snap.length, crc, touched) }
+            reuseLock.synchronized {
+              reuseBase = StateEngine.ReuseBase(st, from, snap.id, snap.length, loading.bodyCrc, touched)
+            }
           }
           return st
         case None =>

@@ -865,14 +865,7 @@ private[io] final class ChunkedBytes private (chunks: Array[ByteBuffer], val len
     if (chunk.hasArray && off + len <= chunk.limit) { out.write(chunk.array, chunk.arrayOffset + off, len); scratch }
     else {
       val buffer = if (scratch.length >= len) scratch else new Array[Byte](math.max(len, 2 * scratch.length))
-      var done = 0
-      while (done < len) {
-        val c = chunks(((pos + done) >>> ChunkShift).toInt)
-        val o = ((pos + done) & OffsetMask).toInt
-        val n = math.min(len - done, c.limit - o)
-        c.get(o, buffer, done, n)
-        done += n
-      }
+      gather(pos, len, buffer)
       out.write(buffer, 0, len)
       buffer
     }
@@ -888,15 +881,20 @@ private[io] final class ChunkedBytes private (chunks: Array[ByteBuffer], val len
     if (chunk.hasArray && off + len <= chunk.limit) (chunk.array, chunk.arrayOffset + off)
     else {
       val copy = new Array[Byte](len)
-      var done = 0
-      while (done < len) {
-        val c = chunks(((pos + done) >>> ChunkShift).toInt)
-        val o = ((pos + done) & OffsetMask).toInt
-        val n = math.min(len - done, c.limit - o)
-        c.get(o, copy, done, n)
-        done += n
-      }
+      gather(pos, len, copy)
       (copy, 0)
+    }
+  }
+
+  /** Copies the `len` bytes at `pos` to the start of `dst`, chunk by chunk. */
+  private def gather(pos: Long, len: Int, dst: Array[Byte]): Unit = {
+    var done = 0
+    while (done < len) {
+      val c = chunks(((pos + done) >>> ChunkShift).toInt)
+      val o = ((pos + done) & OffsetMask).toInt
+      val n = math.min(len - done, c.limit - o)
+      c.get(o, dst, done, n)
+      done += n
     }
   }
 }

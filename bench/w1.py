@@ -102,6 +102,17 @@ were what preempted those most (615 times, 488 ms of waiting). After 30 warm-up 
 alternating pairs of heapstate W1 runs (stop 40), 90 warm-up batches gave a lower median trigger
 than 30 in every pair (355 against 400 ms, the means), and JFR still counted 3.6 s of JIT
 compilation in batches 10 to 29 after 30. Every provider gets the same warm-up."""
+WARMUP_SCALE = 10
+"""A run's warm-up (RUN_WARMUP) reads a data set of its own, of the same shape at a tenth of the
+scale: K/10 keys in its batch 0, then two files of U/10 keys (of those K/10) in turn. Until stop
+49 it took the measured data's files 1 and 2 (U keys each) in turn, so its state held 2U keys
+and every batch rewrote half of it: a store's code paths for a state where most keys stay put
+between snapshots, and for a first batch of many keys, never ran, and the JIT compiled them in
+the measured batches. In heapstate W1 runs (stop 49, JFR), the C2 compiler spent about 0.6 s on
+heapstate's snapshot writer and reader in the batches of the first snapshots that copy unchanged
+buckets (the writer's loop compiled again after its copying branch was first taken), and those
+batches were the slowest of the run. At a tenth of the scale a W1 store holds 25,000 keys, and
+ten batches touch about 500 of them. Every provider gets the same warm-up."""
 PRETOUCH = "-XX:+AlwaysPreTouch"
 """The JVM option of ``--pretouch``: the JVM writes each page of heap when it commits it, not
 when the program first uses it, so the kernel's first-touch page faults land when the heap grows
@@ -444,8 +455,10 @@ def _warm_up(
 ) -> list[float]:
     """Run the same query with the same provider over ``batches`` small batches on a scratch
     checkpoint, so that a figure measured next in this JVM is the provider's work, not the JVM's
-    start (class loading, JIT, code generation). The batches take data files 1 and 2 in turn (U
-    keys each), so the scratch state stays at 2U keys at most. Returns their trigger ms.
+    start (class loading, JIT, code generation). A restart's batches take data files 1 and 2 in
+    turn (U keys each), so the scratch state stays at 2U keys at most. A run's take the warm-up
+    data set when the spec names one (``warmup_data_dir``, see WARMUP_SCALE): its K/10 keys, then
+    its two files of U/10 keys in turn. Returns their trigger ms.
 
     A restart takes two. A run (``--warmup-batches``) may take more: in a fresh JVM the JIT
     compiler is still busy through the first few dozen batches (compiling Spark's planning code,
@@ -455,9 +468,13 @@ def _warm_up(
     (scratch / "input").mkdir(parents=True)
     query = _start_query(spark, scratch / "input", scratch / "checkpoint")
     triggers = []
+    warm_data = spec.get("warmup_data_dir") if what == "run" else None
     try:
         for batch in range(batches):
-            data_file = _batch_file(Path(spec["data_dir"]), 1 + batch % 2)
+            if warm_data:  # see WARMUP_SCALE: its batch 0 first, then its batches 1 and 2 in turn
+                data_file = _batch_file(Path(warm_data), 0 if batch == 0 else 1 + (batch - 1) % 2)
+            else:
+                data_file = _batch_file(Path(spec["data_dir"]), 1 + batch % 2)
             drop_file(data_file, scratch / "input", f"warmup-{batch:05d}.parquet")
             triggers.append(wait_for_batch(query, batch)["durationMs"]["triggerExecution"])
     finally:
@@ -993,6 +1010,14 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     gen_spec = {**params, "files": args.batches + args.restarts, "data_dir": str(data_dir)}
+    warm_params = {
+        **params,
+        "keys": max(args.keys // WARMUP_SCALE, 1),
+        "updates": max(args.updates // WARMUP_SCALE, 1),
+    }
+    warmup_dir = data_dir.parent / (
+        f"w1-warmup-k{warm_params['keys']}-p{args.payload}-u{warm_params['updates']}-s{args.seed}"
+    )
     run_worker(
         python,
         SCRIPT,
@@ -1000,6 +1025,20 @@ def main(argv: list[str] | None = None) -> int:
         log_dir / "generate.log",
         submit_env,
     )
+    if args.warmup_batches > 0:
+        warm_spec = {**warm_params, "files": 3, "data_dir": str(warmup_dir)}
+        run_worker(
+            python,
+            SCRIPT,
+            [
+                "--worker",
+                "generate",
+                "--spec",
+                str(_spec_file(work_root, "generate-warmup", warm_spec)),
+            ],
+            log_dir / "generate-warmup.log",
+            submit_env,
+        )
 
     runs: dict[str, dict[str, Any]] = {}
     failures: dict[str, str] = {}
@@ -1016,6 +1055,7 @@ def main(argv: list[str] | None = None) -> int:
             "restarts": args.restarts,
             "restart_warmup": args.restart_warmup,
             "warmup_batches": args.warmup_batches,
+            "warmup_data_dir": str(warmup_dir) if args.warmup_batches > 0 else None,
         }
         for provider in providers
     ]
@@ -1066,6 +1106,12 @@ def main(argv: list[str] | None = None) -> int:
         "jvm": args.jvm,
         "restart_warmup": args.restart_warmup and args.restart == "fresh-process",
         "warmup_batches": args.warmup_batches,
+        # The warm-up's own data set (see WARMUP_SCALE); None: none, or a report from before it.
+        "warmup_data": (
+            {"keys": warm_params["keys"], "updates": warm_params["updates"]}
+            if args.warmup_batches > 0
+            else None
+        ),
         "java_options": java_options,
         "steady_from_batch": STEADY_FROM,
         "maintenance_interval": {n: r.get("maintenance_interval") for n, r in runs.items()},

@@ -276,21 +276,24 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     val model = scala.collection.mutable.Map.empty[Long, Long]
     val s0 = p.getStore(0, None, false, false)
     for (k <- 0L until 400000L) { put(s0, k, k); model(k) = k } // ~25 MB of entries: a paced snapshot takes a while
-    s0.commit()
-    val s1 = p.getStore(1, None, false, false); put(s1, 1, -1);
-    s1.commit() // version 2: snapshot due, in the background
+    s0.commit() // a bulk load: its snapshot is written with it
+    assert(snapshots(root) == Seq("1.hs-snapshot"))
+    val s1 = p.getStore(1, None, false, false); put(s1, 1, -1); model(1) = -1
+    s1.commit()
+    val s2 = p.getStore(2, None, false, false); put(s2, 2, -2)
+    s2.commit() // version 3: snapshot due, in the background
     val deadline = System.nanoTime() + 30L * 1000 * 1000 * 1000
     def tmpFiles = Option(storeDir(root).listFiles).toSeq.flatten.map(_.getName).filter(_.endsWith(".tmp"))
-    while (tmpFiles.isEmpty && !files(root).contains("2.hs-snapshot") && System.nanoTime() < deadline) Thread.sleep(1)
+    while (tmpFiles.isEmpty && !files(root).contains("3.hs-snapshot") && System.nanoTime() < deadline) Thread.sleep(1)
     assert(tmpFiles.nonEmpty, s"the snapshot was not seen running: ${files(root)}")
-    val back = p.getStore(1, None, false, false) // a task retry: rolls back to version 1
+    val back = p.getStore(2, None, false, false) // a task retry: rolls back to version 2
     assert(contents(back) == model.toMap)
     // The snapshot gave up instead of finishing while the roll-back waited.
-    assert(!files(root).contains("2.hs-snapshot") && tmpFiles.isEmpty, files(root) ++ tmpFiles)
-    put(back, 2, -2); back.commit()
-    model(2) = -2
+    assert(!files(root).contains("3.hs-snapshot") && tmpFiles.isEmpty, files(root) ++ tmpFiles)
+    put(back, 2, -3); back.commit()
+    model(2) = -3
     p.close()
-    assert(contents(provider(root).getReadStore(2, None)) == model.toMap)
+    assert(contents(provider(root).getReadStore(3, None)) == model.toMap)
   }
 
   test("prefix scan sees live keys and this batch's changes") {
@@ -475,6 +478,36 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     // New local files go through the raw file system: no Hadoop .crc beside them (each file
     // carries its own checksums), and no temporary file left behind.
     assert(storeDir(root).list().filter(_.startsWith(".")).isEmpty, storeDir(root).list().toSeq)
+  }
+
+  test(
+    "a first commit of 4 MiB of records onto an empty state writes its snapshot with it, and the next copies from it") {
+    // One-long keys and values: 16 bytes each as UnsafeRows, 33 bytes a record with its count.
+    val small = tempDir()
+    val sp = provider(small)
+    val s = sp.getStore(0, None, false, false); (0L until 100000L).foreach(k => put(s, k, k)); s.commit()
+    assert(files(small) == Seq("1.hs-journal"), "3.3 MB of records is not a bulk load")
+    sp.close()
+
+    val root = tempDir()
+    val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "3"))
+    var model = (0L until 160000L).map(k => k -> k).toMap // 5.3 MB
+    val s0 = p.getStore(0, None, false, false); model.foreach { case (k, v) => put(s0, k, v) }; s0.commit()
+    assert(files(root) == Seq("1.hs-journal", "1.hs-snapshot"))
+    val atOne = model
+    for (v <- 1 until 4) {
+      val st = p.getStore(v, None, false, false); put(st, v * 1000L, -v); model += (v * 1000L) -> -v.toLong; st.commit()
+    }
+    p.doMaintenance() // waits for the background snapshot of version 4 the last commit started
+    assert(snapshots(root) == Seq("1.hs-snapshot", "4.hs-snapshot"))
+    val s4 = p.getStore(4, None, false, false)
+    // At least 1,024 buckets of 4 KiB; three keys changed since version 1, so at most three buckets were compressed again.
+    val copied = s4.metrics.customMetrics(HeapStateStoreProvider.BucketsCopied)
+    assert(copied >= 1021, s"copied $copied buckets")
+    s4.abort(); p.close()
+    // Each snapshot holds its version on its own: without the journal of version 1 a fresh provider reads both.
+    assert(new File(storeDir(root), "1.hs-journal").delete())
+    assertRebuilt(root, Seq(1L, 4L), Map(1L -> atOne, 4L -> model))
   }
 
   test("change feed and replay from a snapshot") {

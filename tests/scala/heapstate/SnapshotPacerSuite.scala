@@ -241,7 +241,8 @@ class SnapshotPacerSuite extends AnyFunSuite {
     val root = tempDir()
     val every2 = Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "2")
     val stores = (0 to 1).map(part => provider(root, every2, partition = part))
-    for (p <- stores; v <- 0 to 1) {
+    // Version 1 is a bulk load, snapshotted with its commit; the next snapshot is due at version 3.
+    for (p <- stores; v <- 0 to 2) {
       val s = p.getStore(v.toLong, None, false, false)
       for (k <- 0 until (if (v == 0) 300000 else 10)) put(s, k, k * 7L + v)
       assert(s.commit() == v + 1L)
@@ -252,11 +253,11 @@ class SnapshotPacerSuite extends AnyFunSuite {
     start.countDown()
     maintenance.foreach(_.join())
     for (part <- 0 to 1) {
-      assert(new java.io.File(storeDir(root, part), "2.hs-snapshot").isFile,
-        s"partition $part has no snapshot of version 2")
+      assert(new java.io.File(storeDir(root, part), "3.hs-snapshot").isFile,
+        s"partition $part has no snapshot of version 3")
       val reopened = provider(root, partition = part)
-      assert(contents(reopened.getReadStore(2)) == ((0 until 300000).map(k =>
-        k.toLong -> (k * 7L + (if (k < 10) 1 else 0))).toMap))
+      assert(contents(reopened.getReadStore(3)) == ((0 until 300000).map(k =>
+        k.toLong -> (k * 7L + (if (k < 10) 2 else 0))).toMap))
       reopened.close()
     }
     assert(StateEngine.mostSnapshotsAtOnce == 1, "two paced snapshots wrote at the same time")

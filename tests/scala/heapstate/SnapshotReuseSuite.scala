@@ -300,4 +300,33 @@ class SnapshotReuseSuite extends AnyFunSuite {
     assert(bytesOf(files) == bytesOf(fresh))
     engine.close()
   }
+
+  test("with checkpoint ids (format v2), a snapshot copies from the live lineage's snapshot, and names its own id") {
+    val files = new StateFiles(new Path(StoreFixture.tempDir(), "store"), new Configuration(), 0)
+    val engine = new StateEngine(files, EngineSettings(100, Codec.Zstd, 2, 1000, snapshotBucketBytes = 256), None)
+    def value(v: Long) = java.nio.ByteBuffer.allocate(8).putLong(v).array()
+    var model = Map.empty[Long, Long]
+    val ids = mutable.Map[Long, String]()
+    def commit(v: Long)(keys: Seq[Long]): Unit = {
+      engine.ensureAt(v, ids.get(v))
+      val cs = new ChangeSet(engine.live)
+      keys.foreach { k =>
+        val key = Key(keyOf(k)); cs.put(key, Entry(key.bytes, value(k + v))); model += k -> (k + v)
+      }
+      val id = java.util.UUID.randomUUID().toString
+      engine.commit(v, cs, ids.get(v), Some(id))
+      ids(v + 1) = id
+    }
+    engine.ensureAt(0)
+    commit(0)(0L until 5000L)
+    assert(engine.snapshotIfDue(force = true).contains(1))
+    commit(1)(Seq(7L, 8L))
+    commit(2)(Seq(9L))
+    assert(engine.snapshotIfDue(force = true).contains(3))
+    assert(engine.snapshotBucketsReused > 0, "nothing was copied from the snapshot of version 1")
+    val snapshots = files.list().filter(_.kind == StateFileNames.Snapshot).sortBy(_.version)
+    assert(snapshots.map(f => f.version -> f.id) == Seq(1L -> Some(ids(1)), 3L -> Some(ids(3))))
+    assertHolds(files, snapshots.last, model)
+    engine.close()
+  }
 }

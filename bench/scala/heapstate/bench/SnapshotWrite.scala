@@ -12,9 +12,11 @@ import java.nio.file.Files
  * default) of 2,500 updates each, all committed plainly but the last, which is committed with
  * `forceSnapshotOnCommit` and writes the snapshot unpaced inside the commit. Prints each commit's
  * time, and the median of the forced ones minus the median of the plain ones: the snapshot.
- * Every snapshot after the first copies the buckets no update touched since the one before it,
- * so `--interval 10` is W1's share of changed keys (a tenth); the first forced commit shows a
- * snapshot compressed whole.
+ * Every snapshot copies the buckets no update touched since the one before it, so `--interval 10`
+ * is W1's share of changed keys (a tenth): the first commit, of every key, is a bulk load, whose
+ * snapshot (compressed whole, not timed) the commit writes (`StateEngine.BulkLoadSnapshotBytes`).
+ * With `--keys` small enough for a state under 4 MiB, the first forced snapshot has nothing to
+ * copy from.
  * {{{
  *   bin/sbt "bench/runMain heapstate.bench.SnapshotWrite"
  *   bin/sbt "bench/runMain heapstate.bench.SnapshotWrite --keys 250000 --runs 5 --interval 10"

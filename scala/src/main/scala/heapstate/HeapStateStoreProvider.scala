@@ -426,7 +426,7 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
         finally writer.foreach(_.close())
       storeMicros = (stored - started) / 1000
       reportMicros = (System.nanoTime() - stored) / 1000
-      if (forceSnapshot) engine.snapshotIfDue(force = true).foreach(reportSnapshot)
+      if (forceSnapshot || committed.bulkLoad) engine.snapshotIfDue(force = true).foreach(reportSnapshot)
       // A batch that began by rebuilding its state from files (a restart, a moved store) leaves
       // the cores to the other partitions still loading; the next commit starts the snapshot.
       else if (!engine.rebuiltAt(version)) snapshotSoon()
@@ -457,7 +457,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
           CommitStoreTime -> storeMicros,
           CommitReportTime -> reportMicros,
           CommitStoreCpuTime -> storeCpuMicros,
-          BucketsPending -> engine.bucketsPending
+          BucketsPending -> engine.bucketsPending,
+          BucketsCopied -> engine.snapshotBucketsReused
         )
       )
     }
@@ -549,6 +550,12 @@ object HeapStateStoreProvider {
       "heapstate: buckets of a snapshot still to load after a rebuild from files (loaded as keys are asked for, and a share after each commit), summed over partitions"
     )
 
+  val BucketsCopied: StateStoreCustomMetric =
+    StateStoreCustomSumMetric(
+      "heapstateSnapshotBucketsCopied",
+      "heapstate: snapshot buckets copied from the store's previous snapshot instead of compressed again, since the store was opened, summed over partitions"
+    )
+
   /**
    * Where a commit's time goes. Spark's `commitTimeMs` is the whole of `commit`: the store's own
    * work (journal, table, undo log), then the report to Spark's state store coordinator, a call to
@@ -575,9 +582,8 @@ object HeapStateStoreProvider {
     )
 
   val CustomMetrics: Seq[StateStoreCustomMetric] = Seq(
-    JournalBytes, KeysWritten, UpdatesSquashed, SnapshotLag, LoadTime, BucketsPending, CommitStoreTime,
-    CommitReportTime,
-    CommitStoreCpuTime)
+    JournalBytes, KeysWritten, UpdatesSquashed, SnapshotLag, LoadTime, BucketsPending, BucketsCopied,
+    CommitStoreTime, CommitReportTime, CommitStoreCpuTime)
 
   private val threadClock = java.lang.management.ManagementFactory.getThreadMXBean
   private val hasThreadClock = threadClock.isCurrentThreadCpuTimeSupported && threadClock.isThreadCpuTimeEnabled

@@ -155,6 +155,17 @@ object StateEngine {
   private val running = new java.util.concurrent.atomic.AtomicInteger()
 
   /**
+   * The records (key and value bytes) a commit onto an empty state must leave for its version to
+   * be snapshotted at once, on the committing thread ([[CommitResult.bulkLoad]]): 4 MiB. Such a
+   * commit (a query's first batch, a backfill) writes every key into its journal anyway, and its
+   * snapshot costs about as much again. Written then, in a batch already slowed by loading, it is
+   * the base that the first scheduled snapshot copies its untouched buckets from (see
+   * [[TouchedBuckets]]); without it, that snapshot compresses every bucket, in the steady batches
+   * it overlaps. Smaller states gain too little from copying to pay for a file.
+   */
+  val BulkLoadSnapshotBytes: Long = 4L << 20
+
+  /**
    * The snapshot of `state` at `version` (checkpoint id `id`) that an engine wrote or rebuilt
    * from, the length and body checksum it had then, and the buckets commits touched since.
    */
@@ -299,7 +310,10 @@ object StateEngine {
 
 /**
  * What one commit wrote. `id` and `baseId` are the checkpoint ids (format v2) of the new version
- * and of the version it was committed on top of; both `None` in format v1.
+ * and of the version it was committed on top of; both `None` in format v1. `bulkLoad`: the commit
+ * put at least [[StateEngine.BulkLoadSnapshotBytes]] onto an empty state with no snapshot (a
+ * query's first batch over a large input, a backfill), whose snapshot the committing thread then
+ * writes at once (see [[StateEngine.snapshotIfDue]]).
  */
 final case class CommitResult(
     version: Long,
@@ -307,7 +321,8 @@ final case class CommitResult(
     keysWritten: Long,
     squashed: Long,
     id: Option[String] = None,
-    baseId: Option[String] = None)
+    baseId: Option[String] = None,
+    bulkLoad: Boolean = false)
 
 /**
  * The versions of one partition's state: which version the [[LiveState]] holds, how to reach
@@ -483,6 +498,7 @@ final class StateEngine(
     val st = ensureAt(baseVersion, baseId)
     val newVersion = baseVersion + 1
     val liveBaseId = if (newId.isDefined) Option(lineageIds.get(baseVersion)) else None
+    val fromEmpty = st.numKeys == 0 && newestSnapshot == 0
     val prepared = st.prepareCommit(changes)
     val bytes = files.writeJournal(newVersion, settings.codec, newId, liveBaseId, prepared.keyDelta) { w =>
       // From the prepared arrays, in the same order as the change set: walking its hash map again
@@ -521,7 +537,8 @@ final class StateEngine(
     if (!rebuiltAt(baseVersion)) st.loadSome(st.bucketsPerCommit)
     // Ids below the undo depth are no use: those versions are rebuilt from files.
     lineageIds.headMap(byDepth - 1, false).clear()
-    CommitResult(newVersion, bytes, changes.size, changes.operations - changes.size, newId, liveBaseId)
+    val bulkLoad = fromEmpty && st.recordBytes >= StateEngine.BulkLoadSnapshotBytes
+    CommitResult(newVersion, bytes, changes.size, changes.operations - changes.size, newId, liveBaseId, bulkLoad)
   }
 
   /** Counts the buckets of the keys `prepared` changes as touched, in the base's account and the one being begun. */

@@ -803,24 +803,20 @@ object StateFileReader {
       val buckets = 1 << bits
       val indexStart = bodyLength - FooterBytes - IndexEntryBytes.toLong * buckets
       if (indexStart < 0) throw broken(s"$buckets buckets do not fit in a body of $bodyLength bytes")
+      // The index's entries are the three ints `index` holds for each bucket, in the same order:
+      // read in one go, not int by int through the chunks (a loop the JIT compiled at length, in
+      // the batch that first opened a snapshot to copy from it).
       val index = new Array[Int](3 * buckets)
+      val (indexBytes, indexAt) = body.slice(indexStart, IndexEntryBytes * buckets)
+      ByteBuffer.wrap(indexBytes, indexAt, IndexEntryBytes * buckets).asIntBuffer().get(index)
       val offsets = new Array[Long](buckets)
-      var at = 0L
-      var keys = 0L
-      var b = 0
-      while (b < buckets) {
-        val stored = body.getInt(indexStart + IndexEntryBytes.toLong * b)
-        val rawLength = body.getInt(indexStart + IndexEntryBytes.toLong * b + 4)
-        val records = body.getInt(indexStart + IndexEntryBytes.toLong * b + 8)
-        if (stored < 0 || rawLength < 0 || records < 0 || (records == 0) != (rawLength == 0) || (rawLength == 0) != (stored == 0)) {
-          throw broken(s"bucket $b has stored length $stored, raw length $rawLength and $records records")
-        }
-        offsets(b) = at
-        index(3 * b) = stored; index(3 * b + 1) = rawLength; index(3 * b + 2) = records
-        at += stored
-        keys += records
-        b += 1
+      val wrong = SnapshotBuckets.offsetsOf(index, offsets)
+      if (wrong >= 0) {
+        throw broken(s"bucket $wrong has stored length ${index(3 * wrong)}, raw length ${index(3 * wrong + 1)} " +
+          s"and ${index(3 * wrong + 2)} records")
       }
+      val at = if (buckets == 0) 0L else offsets(buckets - 1) + index(3 * (buckets - 1))
+      val keys = SnapshotBuckets.recordsIn(index)
       if (at != indexStart) throw broken(s"its buckets add up to $at bytes, but they take $indexStart")
       if (keys != keyCount) throw broken(s"its buckets hold $keys records, but it says $keyCount keys")
       new SnapshotBuckets(path, version, header, body, bodyCrc, bits, index, offsets, keyCount)
@@ -1117,6 +1113,35 @@ object SnapshotBuckets {
   /** What [[SnapshotBuckets.readRecords]] calls with each record (primitive arguments: no boxing). */
   trait RecordVisitor {
     def apply(raw: Array[Byte], keyAt: Int, keyLength: Int, valueAt: Int, valueLength: Int, hash: Int): Unit
+  }
+
+  /**
+   * Fills `offsets` with where each bucket of `index` (stored length, raw length, records; three
+   * ints a bucket) starts in the body, and returns the first bucket whose entry cannot be right (a
+   * negative length or count, or a length or count of zero without the others), or -1.
+   */
+  private[io] def offsetsOf(index: Array[Int], offsets: Array[Long]): Int = {
+    var at = 0L
+    var b = 0
+    while (b < offsets.length) {
+      val stored = index(3 * b)
+      val rawLength = index(3 * b + 1)
+      val records = index(3 * b + 2)
+      if (stored < 0 || rawLength < 0 || records < 0 || (records == 0) != (rawLength == 0) ||
+        (rawLength == 0) != (stored == 0)) return b
+      offsets(b) = at
+      at += stored
+      b += 1
+    }
+    -1
+  }
+
+  /** The records of every bucket of `index` (see [[offsetsOf]]). */
+  private[io] def recordsIn(index: Array[Int]): Long = {
+    var keys = 0L
+    var i = 2
+    while (i < index.length) { keys += index(i); i += 3 }
+    keys
   }
 
   /** The codec, closed by the cleaner: it must not refer to its [[SnapshotBuckets]]. */

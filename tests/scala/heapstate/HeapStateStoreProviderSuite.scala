@@ -278,22 +278,20 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     for (k <- 0L until 400000L) { put(s0, k, k); model(k) = k } // ~25 MB of entries: a paced snapshot takes a while
     s0.commit() // a bulk load: its snapshot is written with it
     assert(snapshots(root) == Seq("1.hs-snapshot"))
-    val s1 = p.getStore(1, None, false, false); put(s1, 1, -1); model(1) = -1
-    s1.commit()
-    val s2 = p.getStore(2, None, false, false); put(s2, 2, -2)
-    s2.commit() // version 3: snapshot due, in the background
+    val s1 = p.getStore(1, None, false, false); put(s1, 1, -1);
+    s1.commit() // version 2, of the store's phase (0): snapshot due, in the background
     val deadline = System.nanoTime() + 30L * 1000 * 1000 * 1000
     def tmpFiles = Option(storeDir(root).listFiles).toSeq.flatten.map(_.getName).filter(_.endsWith(".tmp"))
-    while (tmpFiles.isEmpty && !files(root).contains("3.hs-snapshot") && System.nanoTime() < deadline) Thread.sleep(1)
+    while (tmpFiles.isEmpty && !files(root).contains("2.hs-snapshot") && System.nanoTime() < deadline) Thread.sleep(1)
     assert(tmpFiles.nonEmpty, s"the snapshot was not seen running: ${files(root)}")
-    val back = p.getStore(2, None, false, false) // a task retry: rolls back to version 2
+    val back = p.getStore(1, None, false, false) // a task retry: rolls back to version 1
     assert(contents(back) == model.toMap)
     // The snapshot gave up instead of finishing while the roll-back waited.
-    assert(!files(root).contains("3.hs-snapshot") && tmpFiles.isEmpty, files(root) ++ tmpFiles)
-    put(back, 2, -3); back.commit()
-    model(2) = -3
+    assert(!files(root).contains("2.hs-snapshot") && tmpFiles.isEmpty, files(root) ++ tmpFiles)
+    put(back, 2, -2); back.commit()
+    model(2) = -2
     p.close()
-    assert(contents(provider(root).getReadStore(3, None)) == model.toMap)
+    assert(contents(provider(root).getReadStore(2, None)) == model.toMap)
   }
 
   test("prefix scan sees live keys and this batch's changes") {
@@ -478,6 +476,33 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     // New local files go through the raw file system: no Hadoop .crc beside them (each file
     // carries its own checksums), and no temporary file left behind.
     assert(storeDir(root).list().filter(_.startsWith(".")).isEmpty, storeDir(root).list().toSeq)
+  }
+
+  test(
+    "each partition snapshots at the versions of its own phase, so a query's stores do not snapshot in the same batch") {
+    import heapstate.engine.StateEngine.{snapshotDueAt, snapshotPhaseOf}
+    assert((0 until 4).map(snapshotPhaseOf(_, 10)) == Seq(0, 6, 2, 8))
+    assert((0 until 50).forall(p => snapshotPhaseOf(p, 1) == 0 && snapshotPhaseOf(p, 7) < 7))
+    // Off its phase (a bulk load's snapshot at version 1), a store gets back on it.
+    assert((2L to 30L).find(v => snapshotDueAt(v, 1, 10, 0)).contains(10L))
+    assert((2L to 30L).find(v => snapshotDueAt(v, 1, 10, 2)).contains(12L))
+    assert((2L to 30L).find(v => snapshotDueAt(v, 1, 10, 6)).contains(6L))
+    // A snapshot that could not start at its version stays due; every version is due at interval 1.
+    assert((12L to 17L).forall(v => snapshotDueAt(v, 2, 10, 2)) && !snapshotDueAt(11, 2, 10, 2))
+    assert((1L to 5L).forall(v => snapshotDueAt(v, v - 1, 1, 0)))
+
+    val root = tempDir()
+    val every10 = Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "10")
+    val stores = (0 until 4).map(part => provider(root, every10, minVersionsToRetain = 100, partition = part))
+    for (v <- 0 until 25; p <- stores) {
+      val s = p.getStore(v, None, false, false); put(s, v % 7, v); s.commit()
+      p.doSnapshotMaintenance() // waits for a snapshot the commit started
+    }
+    val versions = (0 until 4).map(part =>
+      Option(storeDir(root, part).listFiles).toSeq.flatten.map(_.getName).filter(_.endsWith(".hs-snapshot"))
+        .map(_.stripSuffix(".hs-snapshot").toLong).sorted)
+    assert(versions == Seq(Seq(10L, 20L), Seq(6L, 16L), Seq(12L, 22L), Seq(8L, 18L)))
+    stores.foreach(_.close())
   }
 
   test(

@@ -238,11 +238,12 @@ class SnapshotPacerSuite extends AnyFunSuite {
     // snapshot thread, and "maintenance" on two more threads takes over whichever is still
     // queued, as Spark's maintenance thread does. Before the JVM-wide permit, the snapshot
     // thread and a maintenance thread each wrote one, at a third of a core each.
-    val root = tempDir()
+    // Two checkpoints' partition 0, so that the two stores share a phase (see StateEngine.snapshotDueAt).
+    val roots = Seq(tempDir(), tempDir())
     val every2 = Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "2")
-    val stores = (0 to 1).map(part => provider(root, every2, partition = part))
-    // Version 1 is a bulk load, snapshotted with its commit; the next snapshot is due at version 3.
-    for (p <- stores; v <- 0 to 2) {
+    val stores = roots.map(root => provider(root, every2))
+    // Version 1 is a bulk load, snapshotted with its commit; the next snapshot is due at version 2.
+    for (p <- stores; v <- 0 to 1) {
       val s = p.getStore(v.toLong, None, false, false)
       for (k <- 0 until (if (v == 0) 300000 else 10)) put(s, k, k * 7L + v)
       assert(s.commit() == v + 1L)
@@ -252,12 +253,11 @@ class SnapshotPacerSuite extends AnyFunSuite {
     maintenance.foreach(_.start())
     start.countDown()
     maintenance.foreach(_.join())
-    for (part <- 0 to 1) {
-      assert(new java.io.File(storeDir(root, part), "3.hs-snapshot").isFile,
-        s"partition $part has no snapshot of version 3")
-      val reopened = provider(root, partition = part)
-      assert(contents(reopened.getReadStore(3)) == ((0 until 300000).map(k =>
-        k.toLong -> (k * 7L + (if (k < 10) 2 else 0))).toMap))
+    for (root <- roots) {
+      assert(new java.io.File(storeDir(root), "2.hs-snapshot").isFile, s"$root has no snapshot of version 2")
+      val reopened = provider(root)
+      assert(contents(reopened.getReadStore(2)) == ((0 until 300000).map(k =>
+        k.toLong -> (k * 7L + (if (k < 10) 1 else 0))).toMap))
       reopened.close()
     }
     assert(StateEngine.mostSnapshotsAtOnce == 1, "two paced snapshots wrote at the same time")

@@ -17,8 +17,12 @@ object HeapStateConf {
     def key: String = Prefix + name
   }
 
-  val CompactionInterval: Entry = Entry("compactionInterval", "10", "an integer >= 1",
-    "Write a full snapshot once this many versions have been committed since the last one.")
+  val CompactionInterval: Entry = Entry(
+    "compactionInterval",
+    "10",
+    "an integer >= 1",
+    "Write a full snapshot every this many versions (each partition at versions of its own phase in the interval)."
+  )
   val CompressionCodec: Entry = Entry(
     "compressionCodec",
     "zstd",

@@ -88,7 +88,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       codec = conf.codec,
       undoVersions = conf.undoVersions,
       minVersionsToRetain = storeConfs.minVersionsToRetain,
-      snapshotBucketBytes = conf.snapshotBucketBytes
+      snapshotBucketBytes = conf.snapshotBucketBytes,
+      snapshotPhase = StateEngine.snapshotPhaseOf(stateStoreId.partitionId, conf.compactionInterval)
     )
     engine = new StateEngine(files, settings, prefixOf)
     if (!NoTaskPluginWarned.get) TaskActivityPlugin.missingWarning.foreach { message =>

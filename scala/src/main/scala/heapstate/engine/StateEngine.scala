@@ -18,13 +18,19 @@ import heapstate.io.{
 }
 import heapstate.io.StateFileNames.{Journal, Snapshot, StateFile}
 
-/** What the engine needs to know of the configuration. */
+/**
+ * What the engine needs to know of the configuration. `snapshotPhase` (0 until
+ * `compactionInterval`) is the store's place in the interval: see [[StateEngine.snapshotDueAt]].
+ */
 final case class EngineSettings(
     compactionInterval: Int,
     codec: Codec,
     undoVersions: Int,
     minVersionsToRetain: Int,
-    snapshotBucketBytes: Int)
+    snapshotBucketBytes: Int,
+    snapshotPhase: Int = 0) {
+  require(snapshotPhase >= 0 && snapshotPhase < math.max(compactionInterval, 1), s"a phase in [0, $compactionInterval)")
+}
 
 /**
  * Spreads a background snapshot out in time: after every MiB of entries that shared the cores with
@@ -164,6 +170,35 @@ object StateEngine {
    * it overlaps. Smaller states gain too little from copying to pay for a file.
    */
   val BulkLoadSnapshotBytes: Long = 4L << 20
+
+  /**
+   * Whether a snapshot is due at `version`, the newest being at `newest`: once the store has reached
+   * a version of its `phase` (`phase` plus a multiple of `interval`) at least half an interval
+   * after `newest`. A store on its phase snapshots every `interval` versions, at exactly those
+   * versions; one off it (after a bulk load, a late snapshot or a restart) gets back on it with one
+   * gap of between half and one and a half intervals; a snapshot that cannot start at its version
+   * (another is being written, the state is still loading) stays due. Each partition has a phase
+   * of its own ([[snapshotPhaseOf]]), so that the stores of a query do not all snapshot in the
+   * same batch: with every phase 0, every store's snapshot fell due at once, the snapshot thread
+   * wrote them one after another in the batches right after, and those were a W1 run's slowest
+   * (stop 49).
+   */
+  def snapshotDueAt(version: Long, newest: Long, interval: Int, phase: Int): Boolean = {
+    val n = math.max(interval, 1).toLong
+    val phaseReached = version - Math.floorMod(version - phase, n)
+    phaseReached - newest >= (n + 1) / 2
+  }
+
+  /**
+   * Partition `partition`'s phase in an interval of `interval` versions: the fractional part of
+   * `partition` times the golden ratio, scaled, which spreads any number of consecutive partitions
+   * evenly (0, 6, 2, 8 for the first four at 10). Partition 0's is 0.
+   */
+  def snapshotPhaseOf(partition: Int, interval: Int): Int = {
+    val golden = 0.6180339887498949
+    val frac = partition * golden - math.floor(partition * golden)
+    math.min((frac * interval).toInt, math.max(interval - 1, 0))
+  }
 
   /**
    * The snapshot of `state` at `version` (checkpoint id `id`) that an engine wrote or rebuilt
@@ -421,14 +456,16 @@ final class StateEngine(
     st
   }
   /**
-   * Whether `compactionInterval` versions have passed since the last snapshot, none is being
-   * written, and the live state is whole (a state still loading its snapshot's buckets has
+   * Whether a snapshot is due ([[StateEngine.snapshotDueAt]]: every `compactionInterval` versions,
+   * at the store's phase), none is being written, and the live state is whole (a state still loading its snapshot's buckets has
    * nothing to gain from a new one).
    */
   def snapshotDue: Boolean = {
     val st = state
-    snapshotLag >= settings.compactionInterval && snapshotInProgress < 0 && st != null && st.isFullyLoaded
+    st != null && dueAt(st.version) && snapshotInProgress < 0 && st.isFullyLoaded
   }
+  private def dueAt(version: Long): Boolean =
+    StateEngine.snapshotDueAt(version, newestSnapshot, settings.compactionInterval, settings.snapshotPhase)
   def snapshotLag: Long = { val st = state; if (st == null) 0 else st.version - newestSnapshot }
   /** Buckets of a snapshot the live state has still to load (0 when it is whole). */
   def bucketsPending: Long = { val st = state; if (st == null) 0 else st.bucketsPending }
@@ -562,8 +599,8 @@ final class StateEngine(
   }
 
   /**
-   * Writes a snapshot of the newest committed version when `compactionInterval` versions have
-   * passed since the last one (or always, when `force`). Returns the version written. Runs on the
+   * Writes a snapshot of the newest committed version when one is due (see
+   * [[StateEngine.snapshotDueAt]]; always, when `force`). Returns the version written. Runs on the
    * maintenance thread without blocking commits.
    */
   def snapshotIfDue(force: Boolean = false): Option[Long] =
@@ -580,7 +617,7 @@ final class StateEngine(
         // maintenance thread must not, so a background snapshot waits until the state is whole.
         if (force && st != null) st.loadAll()
         val due = st != null && st.version > 0 && st.version != newestSnapshot && st.isFullyLoaded &&
-          (force || st.version - newestSnapshot >= settings.compactionInterval)
+          (force || dueAt(st.version))
         val locked = due && (if (force) { snapshotLock.lock(); true }
                              else snapshotLock.tryLock())
         if (locked) {

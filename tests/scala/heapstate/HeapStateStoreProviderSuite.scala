@@ -515,7 +515,8 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     sp.close()
 
     val root = tempDir()
-    val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "3"))
+    // Every 4 versions at phase 0: after the bulk load's snapshot, the next is due at version 4 (not before).
+    val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "4"))
     var model = (0L until 160000L).map(k => k -> k).toMap // 5.3 MB
     val s0 = p.getStore(0, None, false, false); model.foreach { case (k, v) => put(s0, k, v) }; s0.commit()
     assert(files(root) == Seq("1.hs-journal", "1.hs-snapshot"))
@@ -523,7 +524,7 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     for (v <- 1 until 4) {
       val st = p.getStore(v, None, false, false); put(st, v * 1000L, -v); model += (v * 1000L) -> -v.toLong; st.commit()
     }
-    p.doMaintenance() // waits for the background snapshot of version 4 the last commit started
+    p.doSnapshotMaintenance() // waits for the background snapshot of version 4 the last commit started
     assert(snapshots(root) == Seq("1.hs-snapshot", "4.hs-snapshot"))
     val s4 = p.getStore(4, None, false, false)
     // At least 1,024 buckets of 4 KiB; three keys changed since version 1, so at most three buckets were compressed again.

@@ -108,10 +108,10 @@ scale: K/10 keys in its batch 0, then two files of U/10 keys (of those K/10) in 
 49 it took the measured data's files 1 and 2 (U keys each) in turn, so its state held 2U keys
 and every batch rewrote half of it: a store's code paths for a state where most keys stay put
 between snapshots, and for a first batch of many keys, never ran, and the JIT compiled them in
-the measured batches. In heapstate W1 runs (stop 49, JFR), the C2 compiler spent about 0.6 s on
-heapstate's snapshot writer and reader in the batches of the first snapshots that copy unchanged
-buckets (the writer's loop compiled again after its copying branch was first taken), and those
-batches were the slowest of the run. At a tenth of the scale a W1 store holds 25,000 keys, and
+the measured batches. In a heapstate W1 run (stop 49, JFR), the C2 compiler spent about 0.5 s on
+heapstate's snapshot writer and reader in batches 10 to 13, those of the first snapshots that
+copied unchanged buckets (the writer's loop compiled again after its copying branch was first
+taken), and those batches were the slowest of the run. At a tenth of the scale a W1 store holds 25,000 keys, and
 ten batches touch about 500 of them. Every provider gets the same warm-up."""
 PRETOUCH = "-XX:+AlwaysPreTouch"
 """The JVM option of ``--pretouch``: the JVM writes each page of heap when it commits it, not

@@ -447,7 +447,7 @@ final class SnapshotFileWriter(
     bases = null // what the writer collected is no longer needed
     block = null
     bodyCrc = body.crc.getValue.toInt
-    writeTrailer(raw, body.count, body.crc.getValue.toInt)
+    writeTrailer(raw, body.count, bodyCrc)
     HeaderBytes + body.count + TrailerBytes
   }
 

@@ -72,6 +72,8 @@ GROWTH_LIMIT = 1.2
 """heapstate's median trigger and commit at the largest K, over those at the K before it."""
 PAUSE_LIMIT_MS = 50.0
 """heapstate's aim for the longest GC pause in the steady batches at the largest K."""
+FAULTS_NOTE_AT = 5_000
+"""Median minor faults per steady batch at the largest K from which the report notes them."""
 PRETOUCH = w1.PRETOUCH
 """The JVM option of ``--pretouch`` (w1.py's). Batch 0 loads all K keys and G1 grows the heap
 for it; without the option, the next batches pay the kernel's first-touch page faults on that
@@ -156,6 +158,9 @@ def growth(summary: dict[int, dict[str, Any]]) -> dict[str, Any]:
         "commit_store_cpu_ratio": _growth(low, high, "commit_store_cpu_ms_median"),
         "memory_per_key_ratio": _growth(low, high, "memory_used_bytes_per_key"),
         "heap_per_key_ratio": _growth(low, high, "heap_retained_per_key"),
+        "jvm_cpu_ratio": _growth(low, high, "jvm_cpu_ms_median"),
+        "minor_faults_from": low.get("minor_faults_median"),
+        "minor_faults_to": high.get("minor_faults_median"),
     }
 
 
@@ -222,6 +227,8 @@ def print_report(
         "heap per key",
         "GC pauses",
         "longest",
+        "faults",
+        "JVM CPU",
     )
     rows = [header]
     for name, by_k in summaries.items():
@@ -244,9 +251,15 @@ def print_report(
                     cell("heap_retained_per_key", lambda v: f"{v:,.0f} B"),
                     cell("gc_pause_ms_total", fmt_ms_fine),
                     cell("gc_pause_ms_max", fmt_ms_fine),
+                    cell("minor_faults_median", lambda v: f"{v:,.0f}"),
+                    cell("jvm_cpu_ms_median", fmt_ms),
                 )
             )
     _print_rows(rows)
+    print(
+        "(faults and JVM CPU: the worker JVM's minor page faults and CPU time in a steady batch, "
+        "median)"
+    )
     print("\nGrowth, largest K over the K before it (1.00x is flat):")
     rows = [
         (
@@ -259,6 +272,8 @@ def print_report(
             "  in the report",
             "memory per key",
             "heap per key",
+            "JVM CPU",
+            "faults",
         )
     ]
     for name, g in growths.items():
@@ -277,6 +292,8 @@ def print_report(
                 r("commit_report_ratio"),
                 r("memory_per_key_ratio"),
                 r("heap_per_key_ratio"),
+                r("jvm_cpu_ratio"),
+                _faults(g),
             )
         )
     _print_rows(rows)
@@ -288,6 +305,20 @@ def print_report(
             if t["value"] is not None and t["limit"] is not None:
                 detail = f"  ({t['value']:,.2f} vs limit {t['limit']:,.2f})"
             print(f"  {verdict}  {t['target']}{detail}")
+        hs = growths.get("heapstate", {})
+        a, b = hs.get("minor_faults_from"), hs.get("minor_faults_to")
+        if a is not None and b is not None and b >= FAULTS_NOTE_AT and b >= 5 * max(a, 1):
+            print(
+                f"  note: heapstate's steady batches at K={hs['to_keys']:,} took {b:,.0f} minor "
+                f"page faults each (median), against {a:,.0f} at K={hs['from_keys']:,}: first "
+                "touches of heap the JVM took on in batch 0 (see PRETOUCH and --pretouch)"
+            )
+
+
+def _faults(g: dict[str, Any]) -> str:
+    """The median minor faults per steady batch at the two K values, as ``from -> to``."""
+    a, b = g.get("minor_faults_from"), g.get("minor_faults_to")
+    return "-" if a is None or b is None else f"{a:,.0f} -> {b:,.0f}"
 
 
 def split(s: dict[str, Any]) -> str:

@@ -381,3 +381,44 @@ def test_heap_after_gc_counts_only_when_a_full_collection_ran() -> None:
         True,
         False,
     ]
+
+
+def _w5_summary(keys: int, trigger: float, faults: float, cpu: float) -> dict[str, Any]:
+    return {
+        "keys": keys,
+        "trigger_ms_median": trigger,
+        "commit_ms_median": 20.0,
+        "minor_faults_median": faults,
+        "jvm_cpu_ms_median": cpu,
+    }
+
+
+@pytest.mark.parametrize(
+    ("faults_at_4m", "noted"), [(18_000.0, True), (4_000.0, False), (400.0, False)]
+)
+def test_w5_report_shows_faults_and_notes_first_touches(
+    faults_at_4m: float, noted: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import w5
+
+    summaries = {
+        "heapstate": {
+            1_000_000: _w5_summary(1_000_000, 250.0, 100.0, 300.0),
+            4_000_000: _w5_summary(4_000_000, 400.0, faults_at_4m, 540.0),
+        }
+    }
+    growths = {name: w5.growth(by_k) for name, by_k in summaries.items()}
+    assert growths["heapstate"]["trigger_ratio"] == 1.6
+    assert growths["heapstate"]["jvm_cpu_ratio"] == 1.8
+    w5.print_report("W5", summaries, growths, w5.targets(summaries, growths))
+    out = capsys.readouterr().out
+    heapstate_growth = next(line for line in out.splitlines() if "1,000,000 -> 4,000,000" in line)
+    assert heapstate_growth.split()[-4:] == ["1.80x", "100", "->", f"{faults_at_4m:,.0f}"]
+    assert "  FAIL  median trigger at K=4,000,000 <= 1.2x K=1,000,000  (1.60 vs limit 1.20)" in out
+    note = (
+        "  note: heapstate's steady batches at K=4,000,000 took 18,000 minor page faults each "
+        "(median), against 100 at K=1,000,000: first touches of heap the JVM took on in batch 0 "
+        "(see PRETOUCH and --pretouch)"
+    )
+    assert (note in out) == noted
+    assert ("note:" in out) == noted

@@ -290,7 +290,7 @@ class LazyLoadSuite extends AnyFunSuite {
     // record no key delta.
     val root = format1Store()
     val dir = storeDir(root)
-    val aside = Files.createTempDirectory("format1-journal").resolve("5.hs-journal")
+    val aside = StoreFixture.tempPath("format1-journal").resolve("5.hs-journal")
     Files.move(new java.io.File(dir, "5.hs-journal").toPath, aside)
     val confs = Map(SmallBuckets, Interval -> "1")
     var p = provider(root, confs)

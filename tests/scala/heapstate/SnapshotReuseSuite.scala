@@ -83,7 +83,7 @@ class SnapshotReuseSuite extends AnyFunSuite {
     val (first, _) = write(Codec.Zstd, before, bucketBytes = 4096)
     val nothing = new TouchedBuckets(StateFileFormat.MaxBucketBits) // every bucket is copied
     def copyAfter(spoil: java.io.RandomAccessFile => Unit): BucketReuse.CopyFailed = {
-      val dir = java.nio.file.Files.createTempDirectory("reuse-spoilt")
+      val dir = StoreFixture.tempPath("reuse-spoilt")
       val file = dir.resolve("7.hs-snapshot").toFile
       java.nio.file.Files.write(file.toPath, first)
       file.deleteOnExit(); dir.toFile.deleteOnExit()

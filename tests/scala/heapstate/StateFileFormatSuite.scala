@@ -191,7 +191,7 @@ class StateFileFormatSuite extends AnyFunSuite {
 
   /** `bytes` as the file `name` in a new temporary directory. */
   private def tempFile(bytes: Array[Byte], name: String = "7.hs-snapshot"): java.io.File = {
-    val dir = java.nio.file.Files.createTempDirectory("snapshot-map")
+    val dir = StoreFixture.tempPath("snapshot-map")
     val file = dir.resolve(name)
     java.nio.file.Files.write(file, bytes)
     file.toFile.deleteOnExit(); dir.toFile.deleteOnExit()

@@ -1,6 +1,7 @@
 package heapstate
 
-import java.nio.file.Files
+import java.io.File
+import java.nio.file.{Files, Path}
 import java.util.concurrent.ConcurrentLinkedQueue
 
 import scala.jdk.CollectionConverters._
@@ -34,7 +35,22 @@ object StoreFixture {
   def prefixKey(g: String, t: Long): UnsafeRow = prefixKeyProj(InternalRow(UTF8String.fromString(g), t)).copy()
   def prefix(g: String): UnsafeRow = stringProj(InternalRow(UTF8String.fromString(g))).copy()
 
-  def tempDir(): String = Files.createTempDirectory("heapstate-test").toString
+  def tempDir(): String = tempPath("heapstate-test").toString
+
+  /** A new temporary directory, deleted with everything in it when the test JVM exits. */
+  def tempPath(prefix: String): Path = {
+    val dir = Files.createTempDirectory(prefix)
+    made.add(dir)
+    dir
+  }
+
+  private val made = new ConcurrentLinkedQueue[Path]()
+  sys.addShutdownHook(made.asScala.foreach(dir => deleteTree(dir.toFile)))
+
+  private def deleteTree(f: File): Unit = {
+    if (!Files.isSymbolicLink(f.toPath)) Option(f.listFiles).foreach(_.foreach(deleteTree))
+    f.delete()
+  }
 
   def storeConf(confs: Map[String, String] = Map.empty, minVersionsToRetain: Int = 10): StateStoreConf = {
     val sql = new SQLConf()

@@ -112,6 +112,7 @@ OPTIONS: Mapping[str, _Option] = {
     "codec": _Option("compressionCodec", _one_of(CODECS)),
     "undo_versions": _Option("undoVersions", _int_in(0)),
     "snapshot_bucket_bytes": _Option("snapshotBucketBytes", _int_in(64, 1 << 24)),
+    "bulk_load_snapshot_bytes": _Option("bulkLoadSnapshotBytes", _int_in(0, (1 << 31) - 1)),
 }
 """heapstate's options by Python name. The README's configuration table says what each does."""
 
@@ -136,6 +137,7 @@ def conf_entries(
     codec: str | None = None,
     undo_versions: int | None = None,
     snapshot_bucket_bytes: int | None = None,
+    bulk_load_snapshot_bytes: int | None = None,
     **more: Any,
 ) -> dict[str, str]:
     """Return the Spark confs that turn heapstate on with these options (``spark.jars`` aside).
@@ -161,6 +163,7 @@ def conf_entries(
         "codec": codec,
         "undo_versions": undo_versions,
         "snapshot_bucket_bytes": snapshot_bucket_bytes,
+        "bulk_load_snapshot_bytes": bulk_load_snapshot_bytes,
     }
     entries = {PROVIDER_CONF: PROVIDER_CLASS}
     for name, value in given.items():

@@ -383,28 +383,36 @@ def test_heap_after_gc_counts_only_when_a_full_collection_ran() -> None:
     ]
 
 
-def _w5_summary(keys: int, trigger: float, faults: float, cpu: float) -> dict[str, Any]:
+def _w5_summary(trigger: float, cpu: float, faulting: int) -> dict[str, Any]:
     return {
-        "keys": keys,
         "trigger_ms_median": trigger,
         "commit_ms_median": 20.0,
-        "minor_faults_median": faults,
+        "minor_faults_median": 300.0,
         "jvm_cpu_ms_median": cpu,
+        "faulting_batches": faulting,
+        "faults_counted_batches": 10,
     }
 
 
-@pytest.mark.parametrize(
-    ("faults_at_4m", "noted"), [(18_000.0, True), (4_000.0, False), (400.0, False)]
-)
-def test_w5_report_shows_faults_and_notes_first_touches(
-    faults_at_4m: float, noted: bool, capsys: pytest.CaptureFixture[str]
+def test_w5_counts_the_steady_batches_that_fault() -> None:
+    import w5
+
+    faults = [900_000, 19_000, 18_700, 19_000, 4_999, 5_000, 120, 80, 60, 700, 90, 100]
+    batches = [{"batch": i, "minor_faults": f} for i, f in enumerate(faults)]
+    assert w5.faulting_batches(batches) == (3, 10)  # batches 2, 3 and 5 (not 0 and 1)
+    assert w5.faulting_batches([{"batch": 2}, {"batch": 3, "minor_faults": None}]) == (None, 0)
+
+
+@pytest.mark.parametrize(("faulting_at_4m", "noted"), [(4, True), (1, False), (0, False)])
+def test_w5_report_shows_faulting_batches_and_notes_first_touches(
+    faulting_at_4m: int, noted: bool, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import w5
 
     summaries = {
         "heapstate": {
-            1_000_000: _w5_summary(1_000_000, 250.0, 100.0, 300.0),
-            4_000_000: _w5_summary(4_000_000, 400.0, faults_at_4m, 540.0),
+            1_000_000: _w5_summary(250.0, 300.0, 1),
+            4_000_000: _w5_summary(400.0, 540.0, faulting_at_4m),
         }
     }
     growths = {name: w5.growth(by_k) for name, by_k in summaries.items()}
@@ -413,11 +421,15 @@ def test_w5_report_shows_faults_and_notes_first_touches(
     w5.print_report("W5", summaries, growths, w5.targets(summaries, growths))
     out = capsys.readouterr().out
     heapstate_growth = next(line for line in out.splitlines() if "1,000,000 -> 4,000,000" in line)
-    assert heapstate_growth.split()[-4:] == ["1.80x", "100", "->", f"{faults_at_4m:,.0f}"]
+    assert heapstate_growth.split()[-4:] == ["1.80x", "1", "->", str(faulting_at_4m)]
+    at_4m = next(
+        line for line in out.splitlines() if line.split()[:2] == ["heapstate", "4,000,000"]
+    )
+    assert at_4m.split()[-4:] == ["300", f"{faulting_at_4m}/10", "540", "ms"]
     assert "  FAIL  median trigger at K=4,000,000 <= 1.2x K=1,000,000  (1.60 vs limit 1.20)" in out
     note = (
-        "  note: heapstate's steady batches at K=4,000,000 took 18,000 minor page faults each "
-        "(median), against 100 at K=1,000,000: first touches of heap the JVM took on in batch 0 "
+        "  note: 4 of heapstate's steady batches at K=4,000,000 took at least 5,000 minor page "
+        "faults, against 1 at K=1,000,000: the JVM's first touches of heap it took on in batch 0 "
         "(see PRETOUCH and --pretouch)"
     )
     assert (note in out) == noted

@@ -226,6 +226,20 @@ def test_conf_entries_lists_provider_then_options() -> None:
             "heapstate option snapshot_bucket_bytes must be an integer from 64 to 16777216, not 16777217",
         ),
         (
+            {"bulk_load_snapshot_bytes": -1},
+            (
+                "heapstate option bulk_load_snapshot_bytes must be an integer from 0 to "
+                "2147483647, not -1"
+            ),
+        ),
+        (
+            {"bulk_load_snapshot_bytes": 1 << 31},
+            (
+                "heapstate option bulk_load_snapshot_bytes must be an integer from 0 to "
+                "2147483647, not 2147483648"
+            ),
+        ),
+        (
             {"snapshot_bucket_bytes": "4096"},
             (
                 "heapstate option snapshot_bucket_bytes must be an integer from 64 to 16777216, "
@@ -249,7 +263,7 @@ def test_conf_entries_lists_provider_then_options() -> None:
             (
                 "unknown heapstate option 'compaction_intervall' (did you mean "
                 "'compaction_interval'?); the options are compaction_interval, codec, undo_versions, "
-                "snapshot_bucket_bytes"
+                "snapshot_bucket_bytes, bulk_load_snapshot_bytes"
             ),
         ),
         (
@@ -258,14 +272,15 @@ def test_conf_entries_lists_provider_then_options() -> None:
                 "unknown heapstate option 'compactionInterval' (the conf key "
                 "spark.sql.streaming.stateStore.heapstate.compactionInterval is the option "
                 "'compaction_interval'); the options are compaction_interval, codec, undo_versions, "
-                "snapshot_bucket_bytes"
+                "snapshot_bucket_bytes, bulk_load_snapshot_bytes"
             ),
         ),
         (
             {"spark.sql.shuffle.partitions": 3},
             (
                 "unknown heapstate option 'spark.sql.shuffle.partitions'; the options are "
-                "compaction_interval, codec, undo_versions, snapshot_bucket_bytes"
+                "compaction_interval, codec, undo_versions, snapshot_bucket_bytes, "
+                "bulk_load_snapshot_bytes"
             ),
         ),
     ],
@@ -292,6 +307,11 @@ def test_boundary_values_are_accepted() -> None:
         assert heapstate.conf_entries(snapshot_bucket_bytes=size) == {
             PROVIDER_CONF: HEAPSTATE_PROVIDER,
             PREFIX + "snapshotBucketBytes": str(size),
+        }
+    for size in (0, 2147483647):
+        assert heapstate.conf_entries(bulk_load_snapshot_bytes=size) == {
+            PROVIDER_CONF: HEAPSTATE_PROVIDER,
+            PREFIX + "bulkLoadSnapshotBytes": str(size),
         }
 
 

@@ -369,7 +369,10 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
       "undoVersions" -> "1.5",
       "undoVersions" -> "two",
       "undoVersions" -> "",
-      "undoVersions" -> "99999999999"
+      "undoVersions" -> "99999999999",
+      "bulkLoadSnapshotBytes" -> "-1",
+      "bulkLoadSnapshotBytes" -> "4MiB",
+      "bulkLoadSnapshotBytes" -> "99999999999"
     )
     // An existing checkpoint, written with valid confs: a rejected conf must leave it as it is.
     val existing = tempDir()
@@ -513,6 +516,15 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     val s = sp.getStore(0, None, false, false); (0L until 100000L).foreach(k => put(s, k, k)); s.commit()
     assert(files(small) == Seq("1.hs-journal"), "3.3 MB of records is not a bulk load")
     sp.close()
+    // The threshold is a conf: 3.3 MB is a bulk load at 1 MB, and 0 turns bulk loads off.
+    def firstCommit(keys: Long, threshold: String): Seq[String] = {
+      val root = tempDir()
+      val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.bulkLoadSnapshotBytes" -> threshold))
+      val s = p.getStore(0, None, false, false); (0L until keys).foreach(k => put(s, k, k)); s.commit(); p.close()
+      files(root)
+    }
+    assert(firstCommit(100000L, "1048576") == Seq("1.hs-journal", "1.hs-snapshot"))
+    assert(firstCommit(160000L, "0") == Seq("1.hs-journal"))
 
     val root = tempDir()
     // Every 4 versions at phase 0: after the bulk load's snapshot, the next is due at version 4 (not before).

@@ -8,7 +8,12 @@ import heapstate.io.Codec
  * since a misspelt key that is silently ignored is a setting the user believes in but does not
  * have.
  */
-final case class HeapStateConf(compactionInterval: Int, codec: Codec, undoVersions: Int, snapshotBucketBytes: Int)
+final case class HeapStateConf(
+    compactionInterval: Int,
+    codec: Codec,
+    undoVersions: Int,
+    snapshotBucketBytes: Int,
+    bulkLoadSnapshotBytes: Int)
 
 object HeapStateConf {
   val Prefix = "spark.sql.streaming.stateStore.heapstate."
@@ -48,7 +53,18 @@ object HeapStateConf {
       "compress better and faster."
   )
 
-  val entries: Seq[Entry] = Seq(CompactionInterval, CompressionCodec, UndoVersions, SnapshotBucketBytes)
+  val BulkLoadSnapshotBytes: Entry = Entry(
+    "bulkLoadSnapshotBytes",
+    "4194304",
+    "an integer from 0 to 2147483647 (0: never)",
+    "Records (key and value bytes) a commit onto an empty state must write for the committing task " +
+      "to write that version's snapshot too, at once: a query's first batch over a large input, or a " +
+      "backfill. That batch's commit takes about twice as long; the first scheduled snapshot then " +
+      "copies the buckets no later commit changed instead of compressing them all in the steady batches."
+  )
+
+  val entries: Seq[Entry] =
+    Seq(CompactionInterval, CompressionCodec, UndoVersions, SnapshotBucketBytes, BulkLoadSnapshotBytes)
 
   /** Reads and validates the heapstate keys among `confs`; throws naming the key at fault. */
   def apply(confs: Map[String, String]): HeapStateConf = {
@@ -70,7 +86,8 @@ object HeapStateConf {
       compactionInterval = int(CompactionInterval, 1),
       codec = Codec.byName(codecName).getOrElse(throw invalid(CompressionCodec, codecName)),
       undoVersions = int(UndoVersions, 0),
-      snapshotBucketBytes = int(SnapshotBucketBytes, 64, 1 << 24)
+      snapshotBucketBytes = int(SnapshotBucketBytes, 64, 1 << 24),
+      bulkLoadSnapshotBytes = int(BulkLoadSnapshotBytes, 0)
     )
   }
 }

@@ -89,7 +89,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       undoVersions = conf.undoVersions,
       minVersionsToRetain = storeConfs.minVersionsToRetain,
       snapshotBucketBytes = conf.snapshotBucketBytes,
-      snapshotPhase = StateEngine.snapshotPhaseOf(stateStoreId.partitionId, conf.compactionInterval)
+      snapshotPhase = StateEngine.snapshotPhaseOf(stateStoreId.partitionId, conf.compactionInterval),
+      bulkLoadSnapshotBytes = conf.bulkLoadSnapshotBytes
     )
     engine = new StateEngine(files, settings, prefixOf)
     if (!NoTaskPluginWarned.get) TaskActivityPlugin.missingWarning.foreach { message =>

@@ -21,6 +21,8 @@ import heapstate.io.StateFileNames.{Journal, Snapshot, StateFile}
 /**
  * What the engine needs to know of the configuration. `snapshotPhase` (0 until
  * `compactionInterval`) is the store's place in the interval: see [[StateEngine.snapshotDueAt]].
+ * `bulkLoadSnapshotBytes`: the records a commit onto an empty state must write to be a bulk load
+ * ([[CommitResult.bulkLoad]]); 0 turns bulk loads' snapshots off.
  */
 final case class EngineSettings(
     compactionInterval: Int,
@@ -28,7 +30,8 @@ final case class EngineSettings(
     undoVersions: Int,
     minVersionsToRetain: Int,
     snapshotBucketBytes: Int,
-    snapshotPhase: Int = 0) {
+    snapshotPhase: Int = 0,
+    bulkLoadSnapshotBytes: Long = StateEngine.BulkLoadSnapshotBytes) {
   require(snapshotPhase >= 0 && snapshotPhase < math.max(compactionInterval, 1), s"a phase in [0, $compactionInterval)")
 }
 
@@ -167,7 +170,8 @@ object StateEngine {
    * snapshot costs about as much again. Written then, in a batch already slowed by loading, it is
    * the base that the first scheduled snapshot copies its untouched buckets from (see
    * [[TouchedBuckets]]); without it, that snapshot compresses every bucket, in the steady batches
-   * it overlaps. Smaller states gain too little from copying to pay for a file.
+   * it overlaps. Smaller states gain too little from copying to pay for a file. The default of
+   * `spark.sql.streaming.stateStore.heapstate.bulkLoadSnapshotBytes` ([[EngineSettings]]).
    */
   val BulkLoadSnapshotBytes: Long = 4L << 20
 
@@ -346,7 +350,7 @@ object StateEngine {
 /**
  * What one commit wrote. `id` and `baseId` are the checkpoint ids (format v2) of the new version
  * and of the version it was committed on top of; both `None` in format v1. `bulkLoad`: the commit
- * put at least [[StateEngine.BulkLoadSnapshotBytes]] onto an empty state with no snapshot (a
+ * put at least `bulkLoadSnapshotBytes` ([[EngineSettings]]) onto an empty state with no snapshot (a
  * query's first batch over a large input, a backfill), whose snapshot the committing thread then
  * writes at once (see [[StateEngine.snapshotIfDue]]).
  */
@@ -574,7 +578,7 @@ final class StateEngine(
     if (!rebuiltAt(baseVersion)) st.loadSome(st.bucketsPerCommit)
     // Ids below the undo depth are no use: those versions are rebuilt from files.
     lineageIds.headMap(byDepth - 1, false).clear()
-    val bulkLoad = fromEmpty && st.recordBytes >= StateEngine.BulkLoadSnapshotBytes
+    val bulkLoad = fromEmpty && settings.bulkLoadSnapshotBytes > 0 && st.recordBytes >= settings.bulkLoadSnapshotBytes
     CommitResult(newVersion, bytes, changes.size, changes.operations - changes.size, newId, liveBaseId, bulkLoad)
   }
 

@@ -1,5 +1,6 @@
 package heapstate
 
+import heapstate.engine.StateEngine
 import heapstate.io.Codec
 
 /**
@@ -55,7 +56,7 @@ object HeapStateConf {
 
   val BulkLoadSnapshotBytes: Entry = Entry(
     "bulkLoadSnapshotBytes",
-    "4194304",
+    StateEngine.BulkLoadSnapshotBytes.toString,
     "an integer from 0 to 2147483647 (0: never)",
     "Records (key and value bytes) a commit onto an empty state must write for the committing task " +
       "to write that version's snapshot too, at once: a query's first batch over a large input, or a " +

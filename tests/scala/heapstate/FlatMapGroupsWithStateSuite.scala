@@ -213,7 +213,7 @@ class FlatMapGroupsWithStateSuite extends AnyFunSuite with BeforeAndAfterAll {
   /** Runs `body` with a fresh directory for each provider, deleted afterwards. */
   private def withDirs[T](body: (JPath, JPath) => T): T = {
     val (hdfsDir, heapDir) =
-      (StoreFixture.tempPath("heapstate-fmgws"), StoreFixture.tempPath("heapstate-fmgws"))
+      (Files.createTempDirectory("heapstate-fmgws"), Files.createTempDirectory("heapstate-fmgws"))
     try body(hdfsDir, heapDir)
     finally Seq(hdfsDir, heapDir).foreach(d => org.apache.commons.io.FileUtils.deleteDirectory(d.toFile))
   }

@@ -86,7 +86,6 @@ class SnapshotReuseSuite extends AnyFunSuite {
       val dir = StoreFixture.tempPath("reuse-spoilt")
       val file = dir.resolve("7.hs-snapshot").toFile
       java.nio.file.Files.write(file.toPath, first)
-      file.deleteOnExit(); dir.toFile.deleteOnExit()
       val in = new java.io.FileInputStream(file)
       val base =
         try StateFileReader.openSnapshot(in, first.length, path, 7, Some(file)).get

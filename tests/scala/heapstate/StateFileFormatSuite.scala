@@ -194,7 +194,6 @@ class StateFileFormatSuite extends AnyFunSuite {
     val dir = StoreFixture.tempPath("snapshot-map")
     val file = dir.resolve(name)
     java.nio.file.Files.write(file, bytes)
-    file.toFile.deleteOnExit(); dir.toFile.deleteOnExit()
     file.toFile
   }
 

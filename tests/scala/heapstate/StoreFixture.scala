@@ -1,11 +1,11 @@
 package heapstate
 
-import java.io.File
 import java.nio.file.{Files, Path}
 import java.util.concurrent.ConcurrentLinkedQueue
 
 import scala.jdk.CollectionConverters._
 
+import org.apache.commons.io.FileUtils
 import org.apache.hadoop.conf.Configuration
 import org.apache.logging.log4j.LogManager
 import org.apache.logging.log4j.core.{LogEvent, Logger}
@@ -45,12 +45,7 @@ object StoreFixture {
   }
 
   private val made = new ConcurrentLinkedQueue[Path]()
-  sys.addShutdownHook(made.asScala.foreach(dir => deleteTree(dir.toFile)))
-
-  private def deleteTree(f: File): Unit = {
-    if (!Files.isSymbolicLink(f.toPath)) Option(f.listFiles).foreach(_.foreach(deleteTree))
-    f.delete()
-  }
+  sys.addShutdownHook(made.asScala.foreach(dir => FileUtils.deleteQuietly(dir.toFile)))
 
   def storeConf(confs: Map[String, String] = Map.empty, minVersionsToRetain: Int = 10): StateStoreConf = {
     val sql = new SQLConf()

@@ -207,7 +207,11 @@ def _warmup(report: dict[str, Any]) -> str:
     """The heading's words for the warm-up batches each run's JVM ran first (``--warmup-batches``),
     or none: reports from before the option, and runs without a warm-up, say nothing."""
     n = report.get("warmup_batches") or 0
-    return f", {n} warm-up batches in each run's JVM first" if n else ""
+    if not n:
+        return ""
+    # Reports from stop 49 on (W1) and stop 51 on (W5) warm up on a data set of their own.
+    data = ", on data of a tenth of the run's keys and updates" if report.get("warmup_data") else ""
+    return f", {n} warm-up batches in each run's JVM first{data}"
 
 
 def w1_section(report: dict[str, Any], path: Path) -> list[str]:

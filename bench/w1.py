@@ -111,8 +111,12 @@ between snapshots, and for a first batch of many keys, never ran, and the JIT co
 the measured batches. In a heapstate W1 run (stop 49, JFR), the C2 compiler spent about 0.5 s on
 heapstate's snapshot writer and reader in batches 10 to 13, those of the first snapshots that
 copied unchanged buckets (the writer's loop compiled again after its copying branch was first
-taken), and those batches were the slowest of the run. At a tenth of the scale a W1 store holds 25,000 keys, and
-ten batches touch about 500 of them. Every provider gets the same warm-up."""
+taken), and those batches were the slowest of the run. At a tenth of the scale a W1 store holds
+100,000 keys, and ten batches touch about 2,000 of them. Every provider gets the same warm-up.
+W5 warms each K's runs up the same way (from stop 51): until then its warm-up cycled the measured
+files 1 and 2, and in an all-provider W5 run at 4M (stop 50, JFR) C2 compiled the snapshot
+writer's copying branch in the measured batches 5 to 7 (456 ms), those of the first snapshot that
+copied unchanged buckets."""
 PRETOUCH = "-XX:+AlwaysPreTouch"
 """The JVM option of ``--pretouch``: the JVM writes each page of heap when it commits it, not
 when the program first uses it, so the kernel's first-touch page faults land when the heap grows
@@ -221,6 +225,38 @@ def _payload_column(batch: int, width: int) -> Any:
 def update_keys(keys: int, updates: int, seed: int, batch: int) -> list[int]:
     """The keys batch ``batch`` (1 or later) updates: ``updates`` distinct keys, seeded."""
     return random.Random(f"{seed}:{batch}").sample(range(keys), min(updates, keys))
+
+
+def warmup_shape(params: dict[str, Any]) -> dict[str, int]:
+    """The keys and updates of the warm-up data set of a run with ``params`` (WARMUP_SCALE)."""
+    return {
+        "keys": max(params["keys"] // WARMUP_SCALE, 1),
+        "updates": max(params["updates"] // WARMUP_SCALE, 1),
+    }
+
+
+def generate_warmup_data(
+    python: str,
+    params: dict[str, Any],
+    data_root: Path,
+    work_root: Path,
+    log_dir: Path,
+    env: dict[str, str],
+) -> str:
+    """Write (when missing) the warm-up data set of a measured run with ``params`` (see
+    WARMUP_SCALE): K/10 keys in batch 0, then two files of U/10 of them. W1 and W5 share it.
+    Returns its folder, the ``warmup_data_dir`` of the run's spec."""
+    warm = {**params, **warmup_shape(params)}
+    name = f"w1-warmup-k{warm['keys']}-p{warm['payload']}-u{warm['updates']}-s{warm['seed']}"
+    spec = {**warm, "files": 3, "data_dir": str(data_root / name)}
+    run_worker(
+        python,
+        SCRIPT,
+        ["--worker", "generate", "--spec", str(_spec_file(work_root, f"generate-{name}", spec))],
+        log_dir / "generate-warmup.log",
+        env,
+    )
+    return spec["data_dir"]
 
 
 def worker_generate(spec: dict[str, Any]) -> None:
@@ -1010,14 +1046,6 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     gen_spec = {**params, "files": args.batches + args.restarts, "data_dir": str(data_dir)}
-    warm_params = {
-        **params,
-        "keys": max(args.keys // WARMUP_SCALE, 1),
-        "updates": max(args.updates // WARMUP_SCALE, 1),
-    }
-    warmup_dir = data_dir.parent / (
-        f"w1-warmup-k{warm_params['keys']}-p{args.payload}-u{warm_params['updates']}-s{args.seed}"
-    )
     run_worker(
         python,
         SCRIPT,
@@ -1025,20 +1053,11 @@ def main(argv: list[str] | None = None) -> int:
         log_dir / "generate.log",
         submit_env,
     )
-    if args.warmup_batches > 0:
-        warm_spec = {**warm_params, "files": 3, "data_dir": str(warmup_dir)}
-        run_worker(
-            python,
-            SCRIPT,
-            [
-                "--worker",
-                "generate",
-                "--spec",
-                str(_spec_file(work_root, "generate-warmup", warm_spec)),
-            ],
-            log_dir / "generate-warmup.log",
-            submit_env,
-        )
+    warmup_dir = (
+        generate_warmup_data(python, params, data_dir.parent, work_root, log_dir, submit_env)
+        if args.warmup_batches > 0
+        else None
+    )
 
     runs: dict[str, dict[str, Any]] = {}
     failures: dict[str, str] = {}
@@ -1055,7 +1074,7 @@ def main(argv: list[str] | None = None) -> int:
             "restarts": args.restarts,
             "restart_warmup": args.restart_warmup,
             "warmup_batches": args.warmup_batches,
-            "warmup_data_dir": str(warmup_dir) if args.warmup_batches > 0 else None,
+            "warmup_data_dir": warmup_dir,
         }
         for provider in providers
     ]
@@ -1107,11 +1126,7 @@ def main(argv: list[str] | None = None) -> int:
         "restart_warmup": args.restart_warmup and args.restart == "fresh-process",
         "warmup_batches": args.warmup_batches,
         # The warm-up's own data set (see WARMUP_SCALE); None: none, or a report from before it.
-        "warmup_data": (
-            {"keys": warm_params["keys"], "updates": warm_params["updates"]}
-            if args.warmup_batches > 0
-            else None
-        ),
+        "warmup_data": warmup_shape(params) if args.warmup_batches > 0 else None,
         "java_options": java_options,
         "steady_from_batch": STEADY_FROM,
         "maintenance_interval": {n: r.get("maintenance_interval") for n, r in runs.items()},

@@ -10,7 +10,10 @@ As W5 in the project's BENCHMARKS.md describes, the batch cost of a provider tha
 Each K is one W1 run (``bench/w1.py``: the same data, query, workers and per-batch records) with
 P=64 and no restart. Every worker JVM writes a GC log (``-Xlog:gc``), from which W1 takes the
 total and the longest stop-the-world pause inside the steady batches (2 and later).
-``--pretouch`` starts every provider's worker JVM with ``-XX:+AlwaysPreTouch`` (see PRETOUCH).
+Each run's worker JVM first runs ``--warmup-batches`` batches of the same query on a scratch
+checkpoint, on a data set of the same shape at a tenth of that K's scale (w1.py's RUN_WARMUP
+and WARMUP_SCALE). ``--pretouch`` starts every provider's worker JVM with
+``-XX:+AlwaysPreTouch`` (see PRETOUCH).
 
 It prints one table per provider (a row per K: median trigger and commit, ``memoryUsedBytes``
 and the heap per key, GC pauses, the JVM's minor page faults and CPU per steady batch) and then
@@ -415,6 +418,18 @@ def main(argv: list[str] | None = None) -> int:
             log_dir / "generate.log",
             {"PYSPARK_SUBMIT_ARGS": pyspark_submit_args(args.driver_memory)},
         )
+        warmup_dir = (
+            w1.generate_warmup_data(
+                python,
+                params,
+                data_dir.parent,
+                work_root,
+                log_dir,
+                {"PYSPARK_SUBMIT_ARGS": pyspark_submit_args(args.driver_memory)},
+            )
+            if args.warmup_batches > 0
+            else None
+        )
         for provider in providers:
             specs.append(
                 {
@@ -428,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
                     "restart": "none",
                     "restart_warmup": False,
                     "warmup_batches": args.warmup_batches,
+                    "warmup_data_dir": warmup_dir,
                 }
             )
 
@@ -488,6 +504,12 @@ def main(argv: list[str] | None = None) -> int:
         "driver_memory": args.driver_memory,
         "jvm": args.jvm,
         "warmup_batches": args.warmup_batches,
+        # Each K's warm-up data set (w1.WARMUP_SCALE); None: none, or a report from before it.
+        "warmup_data": (
+            {str(k): w1.warmup_shape({"keys": k, "updates": args.updates}) for k in args.keys}
+            if args.warmup_batches > 0
+            else None
+        ),
         "java_options": java_options,
         "steady_from_batch": w1.STEADY_FROM,
         "heapstate_jar": jar_info,

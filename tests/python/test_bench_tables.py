@@ -268,6 +268,12 @@ def test_w5_heading_names_the_jvm_options() -> None:
         "run's JVM first. Figures"
     )
     assert warm in report.w5_section(w5, path)[0]
+    w5["warmup_data"] = {"1000": {"keys": 100, "updates": 1}, "4000": {"keys": 400, "updates": 1}}
+    tenth = (
+        "30 warm-up batches in each run's JVM first, on data of a tenth of the run's keys and "
+        "updates. Figures"
+    )
+    assert tenth in report.w5_section(w5, path)[0]
 
 
 def test_w1_heading_names_the_warmup() -> None:
@@ -276,6 +282,11 @@ def test_w1_heading_names_the_warmup() -> None:
     assert heading.endswith(
         "driver heap 1g, restart in the same JVM, 30 warm-up batches in each run's JVM first. "
         "Ratios are against HDFS; every figure is lower-is-better."
+    )
+    tenth = report.w1_section({**warm, "warmup_data": {"keys": 100, "updates": 1}}, Path("w"))[0]
+    assert tenth.endswith(
+        "30 warm-up batches in each run's JVM first, on data of a tenth of the run's keys and "
+        "updates. Ratios are against HDFS; every figure is lower-is-better."
     )
     assert (
         report.w1_section({**W1, "warmup_batches": 0}, Path("w1.json"))[0]
@@ -300,6 +311,23 @@ def test_warmup_batches_default_to_90_in_a_jvm_per_provider(argv: list[str], exp
     assert w1.parse_args(argv).warmup_batches == expected
     w5_argv = [a for a in argv if a != "--restart" and a != "none"]
     assert w5.parse_args(w5_argv).warmup_batches == expected
+
+
+@pytest.mark.parametrize(
+    ("keys", "updates", "expected"),
+    [
+        (1_000_000, 10_000, {"keys": 100_000, "updates": 1_000}),
+        (4_000_000, 10_000, {"keys": 400_000, "updates": 1_000}),
+        (5_000, 1_000, {"keys": 500, "updates": 100}),
+        (5, 5, {"keys": 1, "updates": 1}),
+    ],
+)
+def test_the_warmup_data_set_is_a_tenth_of_the_run_s(
+    keys: int, updates: int, expected: dict[str, int]
+) -> None:
+    import w1
+
+    assert w1.warmup_shape({"keys": keys, "updates": updates, "payload": 64}) == expected
 
 
 def test_negative_warmup_batches_are_refused(capsys: pytest.CaptureFixture[str]) -> None:

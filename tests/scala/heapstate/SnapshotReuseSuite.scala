@@ -110,6 +110,58 @@ class SnapshotReuseSuite extends AnyFunSuite {
     assert(cut.getMessage.contains(path.toString), cut.getMessage)
   }
 
+  test("buckets copied from a base over 64 MiB, one of them across two of its chunks, make the fresh file") {
+    // The base's body is held in chunks of 64 MiB (arrays from a stream, or mappings of a file), so a
+    // bucket may start in one chunk and end in the next. About 75 MB of incompressible entries.
+    val rng = new scala.util.Random(5)
+    val before = (0L until 300000L).map { k =>
+      val v = new Array[Byte](240); rng.nextBytes(v); k -> v
+    }.toMap
+    val (first, _) = write(Codec.Lz4, before, bucketBytes = 4096)
+    val chunk = 1L << 26
+    assert(first.length > chunk + 1000000, s"the base must pass its first chunk, not ${first.length} bytes")
+    val stream = open(first)
+    val (across, bits) =
+      try {
+        var at = 0L
+        val b = (0 until stream.buckets).find { b => at += stream.storedLength(b); at > chunk }.get
+        assert(at - stream.storedLength(b) < chunk, "the bucket starts in the first chunk")
+        (b, stream.bucketBits)
+      } finally stream.close()
+    // Every 500th key changed, and a few removed, but none of the bucket across the chunks.
+    val touched = new TouchedBuckets(StateFileFormat.MaxBucketBits)
+    var after = before
+    for (k <- 0L until 300000L by 500L if StateFileFormat.bucketOf(hashOf(k), bits) != across) {
+      after += k -> Array.fill(240)(k.toByte); touched.mark(hashOf(k))
+    }
+    for (k <- 7L until 300000L by 9001L if StateFileFormat.bucketOf(hashOf(k), bits) != across) {
+      after -= k; touched.mark(hashOf(k))
+    }
+    val (fresh, _) = write(Codec.Lz4, after, bucketBytes = 4096)
+    val changed = (0 until (1 << bits)).count(b => !touched.untouched(b, bits))
+    val file = StoreFixture.tempPath("reuse-chunks").resolve("7.hs-snapshot").toFile
+    java.nio.file.Files.write(file.toPath, first)
+    for (mapped <- Seq(false, true)) {
+      val base =
+        if (!mapped) open(first)
+        else {
+          val in = new java.io.FileInputStream(file)
+          try StateFileReader.openSnapshot(in, first.length, path, 7, Some(file)).get
+          finally in.close()
+        }
+      try {
+        assert(base.isMapped == mapped && base.bucketBits == bits)
+        val (copied, writer) = write(Codec.Lz4, after, bucketBytes = 4096, new BucketReuse(base, touched.untouched))
+        assert(
+          writer.bucketCount == (1 << bits) && writer.reused == writer.bucketCount - changed,
+          s"mapped=$mapped: ${writer.reused} of ${writer.bucketCount} buckets copied, $changed changed"
+        )
+        val differsAt = java.util.Arrays.mismatch(copied, fresh) // not assert(a == b): it would print 75 MB
+        assert(differsAt == -1, s"mapped=$mapped: the file differs from a fresh write from byte $differsAt")
+      } finally base.close()
+    }
+  }
+
   test("touched buckets answer for every coarser split") {
     val t = new TouchedBuckets(6)
     val hash = 0x9c000000 // bucket 39 of 64 (0b100111): 19 of 32, 9 of 16, 4 of 8, 2 of 4, 1 of 2, 0 of 1

@@ -369,13 +369,21 @@ final class SnapshotFileWriter(
   /** The bucket being filled ([[fillBucket]]), and how many records it holds. */
   private var block = new Array[Byte](0)
   private var blockRecords = 0
+  /** What [[compressBucket]] compresses into (grown when too small), and the records written so far. */
+  private var compressed = new Array[Byte](0)
+  private var keys = 0L
 
   /**
    * Writes the buckets, the index and the trailer; returns the file's total size in bytes.
    *
    * Each step is a method of its own: the loops of one large method were compiled by the JIT as
    * one unit, on-stack, several times over (190 ms of C2's time each, in the batches where a JVM's
-   * first snapshots ran).
+   * first snapshots ran). A snapshot that copies from an earlier one ([[writeReusing]]) and one
+   * that does not ([[writeFresh]]) run loops of their own: with one loop for both, a JVM whose
+   * snapshots had copied (those after its first) compiled that loop for them, and its next fresh
+   * snapshot (the first of a new query, or a bulk load) failed the compiled loop's assumptions
+   * and had it compiled again, and then again for the copying snapshot after it (200 ms of C2's
+   * time each, at 4M keys in W5, stop 51).
    */
   def finish(): Long = {
     raw.write(encodeHeader(header))
@@ -387,8 +395,6 @@ final class SnapshotFileWriter(
     val order = sortedByBucket(bits, starts)
     val index = new Array[Byte](IndexEntryBytes * buckets)
     block = new Array[Byte](2 * bucketBytes)
-    var compressed = new Array[Byte](0)
-    var keys = 0L
     val codec = header.codec.blocks()
     val from =
       if (reuse != null && reuse.from.bucketBits == bits && reuse.from.codec == header.codec) reuse.from else null
@@ -396,38 +402,8 @@ final class SnapshotFileWriter(
     // after the read, from compiled code: anywhere in the copying, or in the check after it.
     try {
       try {
-        var b = 0
-        while (b < buckets) {
-          val entries = starts(b + 1) - starts(b)
-          if (from != null && entries == from.recordCount(b) && reuse.unchanged(b, bits)) {
-            // A mapped file cut short since it was opened fails the copy (perhaps only after some
-            // bytes were written), or reads as zeros, which the check after the last bucket finds:
-            // either way the caller gives up this file and writes the snapshot afresh.
-            try compressed = from.copyStored(b, out, compressed)
-            catch { case e: StateFileException => throw new BucketReuse.CopyFailed(e) }
-            putIntBE(index, IndexEntryBytes * b, from.storedLength(b))
-            putIntBE(index, IndexEntryBytes * b + 4, from.rawLength(b))
-            putIntBE(index, IndexEntryBytes * b + 8, entries)
-            keys += entries
-            reused += 1
-            pace(from.storedLength(b))
-          } else {
-            val len = fillBucket(order, starts(b), starts(b + 1))
-            var stored = 0
-            if (blockRecords > 0) {
-              val room = codec.maxCompressedLength(len)
-              if (compressed.length < room) compressed = new Array[Byte](math.max(room, 2 * compressed.length))
-              stored = codec.compress(block, len, compressed)
-              out.write(compressed, 0, stored)
-            }
-            putIntBE(index, IndexEntryBytes * b, stored)
-            putIntBE(index, IndexEntryBytes * b + 4, len)
-            putIntBE(index, IndexEntryBytes * b + 8, blockRecords)
-            keys += blockRecords
-            pace(len)
-          }
-          b += 1
-        }
+        if (from == null) writeFresh(buckets, starts, order, index, out, codec)
+        else writeReusing(from, bits, starts, order, index, out, codec)
       } finally codec.close()
       if (reused > 0) {
         try from.recheck()
@@ -446,9 +422,86 @@ final class SnapshotFileWriter(
     out.flush()
     bases = null // what the writer collected is no longer needed
     block = null
+    compressed = null
     bodyCrc = body.crc.getValue.toInt
     writeTrailer(raw, body.count, bodyCrc)
     HeaderBytes + body.count + TrailerBytes
+  }
+
+  /** Fills and compresses every bucket (see [[finish]]). */
+  private def writeFresh(
+      buckets: Int,
+      starts: Array[Int],
+      order: Array[Long],
+      index: Array[Byte],
+      out: OutputStream,
+      codec: BlockCodec): Unit = {
+    var b = 0
+    while (b < buckets) {
+      compressBucket(b, starts, order, index, out, codec)
+      b += 1
+    }
+  }
+
+  /**
+   * Copies each bucket that `from` holds as it is now from there, and fills and compresses the
+   * others (see [[finish]]). A bucket holding another number of entries than `from`'s is
+   * compressed afresh (see the class's comment).
+   */
+  private def writeReusing(
+      from: SnapshotBuckets,
+      bits: Int,
+      starts: Array[Int],
+      order: Array[Long],
+      index: Array[Byte],
+      out: OutputStream,
+      codec: BlockCodec): Unit = {
+    val buckets = 1 << bits
+    var b = 0
+    while (b < buckets) {
+      val entries = starts(b + 1) - starts(b)
+      if (entries == from.recordCount(b) && reuse.unchanged(b, bits)) copyBucket(from, b, entries, index, out)
+      else compressBucket(b, starts, order, index, out, codec)
+      b += 1
+    }
+  }
+
+  /** Writes bucket `b` of `from`, of `entries` records, as stored there, and its index entry. */
+  private def copyBucket(from: SnapshotBuckets, b: Int, entries: Int, index: Array[Byte], out: OutputStream): Unit = {
+    // A mapped file cut short since it was opened fails the copy (perhaps only after some bytes
+    // were written), or reads as zeros, which the check after the last bucket finds: either way
+    // the caller gives up this file and writes the snapshot afresh.
+    try compressed = from.copyStored(b, out, compressed)
+    catch { case e: StateFileException => throw new BucketReuse.CopyFailed(e) }
+    putIntBE(index, IndexEntryBytes * b, from.storedLength(b))
+    putIntBE(index, IndexEntryBytes * b + 4, from.rawLength(b))
+    putIntBE(index, IndexEntryBytes * b + 8, entries)
+    keys += entries
+    reused += 1
+    pace(from.storedLength(b))
+  }
+
+  /** Fills bucket `b` from the sorted entries, compresses and writes it, and its index entry. */
+  private def compressBucket(
+      b: Int,
+      starts: Array[Int],
+      order: Array[Long],
+      index: Array[Byte],
+      out: OutputStream,
+      codec: BlockCodec): Unit = {
+    val len = fillBucket(order, starts(b), starts(b + 1))
+    var stored = 0
+    if (blockRecords > 0) {
+      val room = codec.maxCompressedLength(len)
+      if (compressed.length < room) compressed = new Array[Byte](math.max(room, 2 * compressed.length))
+      stored = codec.compress(block, len, compressed)
+      out.write(compressed, 0, stored)
+    }
+    putIntBE(index, IndexEntryBytes * b, stored)
+    putIntBE(index, IndexEntryBytes * b + 4, len)
+    putIntBE(index, IndexEntryBytes * b + 8, blockRecords)
+    keys += blockRecords
+    pace(len)
   }
 
   /** Where each of the `1 << bits` buckets starts in the sorted order, and (last) the entry count. */

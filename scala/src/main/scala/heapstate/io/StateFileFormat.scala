@@ -382,8 +382,8 @@ final class SnapshotFileWriter(
    * that does not ([[writeFresh]]) run loops of their own: with one loop for both, a JVM whose
    * snapshots had copied (those after its first) compiled that loop for them, and its next fresh
    * snapshot (the first of a new query, or a bulk load) failed the compiled loop's assumptions
-   * and had it compiled again, and then again for the copying snapshot after it (200 ms of C2's
-   * time each, at 4M keys in W5, stop 51).
+   * and had it compiled again, and then again for the copying snapshot after it (136 to 203 ms
+   * of C2's time each, at 4M keys in W5, stop 51).
    */
   def finish(): Long = {
     raw.write(encodeHeader(header))

@@ -111,8 +111,9 @@ between snapshots, and for a first batch of many keys, never ran, and the JIT co
 the measured batches. In a heapstate W1 run (stop 49, JFR), the C2 compiler spent about 0.5 s on
 heapstate's snapshot writer and reader in batches 10 to 13, those of the first snapshots that
 copied unchanged buckets (the writer's loop compiled again after its copying branch was first
-taken), and those batches were the slowest of the run. At a tenth of the scale a W1 store holds
-100,000 keys, and ten batches touch about 2,000 of them. Every provider gets the same warm-up.
+taken), and those batches were the slowest of the run. At a tenth of the scale each of W1's four
+stores holds 25,000 keys, and ten batches touch about 500 of them. Every provider gets the same
+warm-up.
 W5 warms each K's runs up the same way (from stop 51): until then its warm-up cycled the measured
 files 1 and 2, and in an all-provider W5 run at 4M (stop 50, JFR) C2 compiled the snapshot
 writer's copying branch in the measured batches 5 to 7 (456 ms), those of the first snapshot that

@@ -322,7 +322,7 @@ def test_warmup_batches_default_to_90_in_a_jvm_per_provider(argv: list[str], exp
         (5, 5, {"keys": 1, "updates": 1}),
     ],
 )
-def test_the_warmup_data_set_is_a_tenth_of_the_run_s(
+def test_the_warmup_data_set_is_a_tenth_of_the_runs_scale(
     keys: int, updates: int, expected: dict[str, int]
 ) -> None:
     import w1

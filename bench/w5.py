@@ -395,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         f"JVM {args.jvm}; logs in {log_dir}"
     )
 
+    submit_env = {"PYSPARK_SUBMIT_ARGS": pyspark_submit_args(args.driver_memory)}
     specs: list[dict[str, Any]] = []
     for keys in args.keys:
         params = {
@@ -416,17 +417,10 @@ def main(argv: list[str] | None = None) -> int:
                 str(w1._spec_file(work_root, f"gen-{keys}", gen_spec)),
             ],
             log_dir / "generate.log",
-            {"PYSPARK_SUBMIT_ARGS": pyspark_submit_args(args.driver_memory)},
+            submit_env,
         )
         warmup_dir = (
-            w1.generate_warmup_data(
-                python,
-                params,
-                data_dir.parent,
-                work_root,
-                log_dir,
-                {"PYSPARK_SUBMIT_ARGS": pyspark_submit_args(args.driver_memory)},
-            )
+            w1.generate_warmup_data(python, params, data_dir.parent, work_root, log_dir, submit_env)
             if args.warmup_batches > 0
             else None
         )

@@ -31,6 +31,13 @@ class SnapshotReuseSuite extends AnyFunSuite {
   private def open(bytes: Array[Byte]): SnapshotBuckets =
     StateFileReader.openSnapshot(new ByteArrayInputStream(bytes), bytes.length, path, 7).get
 
+  /** Opens the snapshot `file` holds (`length` bytes) mapped, as a store on the local disk does. */
+  private def openMapped(file: java.io.File, length: Int): SnapshotBuckets = {
+    val in = new java.io.FileInputStream(file)
+    try StateFileReader.openSnapshot(in, length, path, 7, Some(file)).get
+    finally in.close()
+  }
+
   private def keyOf(k: Long): Array[Byte] = java.nio.ByteBuffer.allocate(8).putLong(k).array()
   private def hashOf(k: Long): Int = Key(keyOf(k)).hashCode
 
@@ -86,10 +93,7 @@ class SnapshotReuseSuite extends AnyFunSuite {
       val dir = StoreFixture.tempPath("reuse-spoilt")
       val file = dir.resolve("7.hs-snapshot").toFile
       java.nio.file.Files.write(file.toPath, first)
-      val in = new java.io.FileInputStream(file)
-      val base =
-        try StateFileReader.openSnapshot(in, first.length, path, 7, Some(file)).get
-        finally in.close()
+      val base = openMapped(file, first.length)
       try {
         assert(base.isMapped)
         val raf = new java.io.RandomAccessFile(file, "rw")
@@ -142,13 +146,7 @@ class SnapshotReuseSuite extends AnyFunSuite {
     val file = StoreFixture.tempPath("reuse-chunks").resolve("7.hs-snapshot").toFile
     java.nio.file.Files.write(file.toPath, first)
     for (mapped <- Seq(false, true)) {
-      val base =
-        if (!mapped) open(first)
-        else {
-          val in = new java.io.FileInputStream(file)
-          try StateFileReader.openSnapshot(in, first.length, path, 7, Some(file)).get
-          finally in.close()
-        }
+      val base = if (mapped) openMapped(file, first.length) else open(first)
       try {
         assert(base.isMapped == mapped && base.bucketBits == bits)
         val (copied, writer) = write(Codec.Lz4, after, bucketBytes = 4096, new BucketReuse(base, touched.untouched))

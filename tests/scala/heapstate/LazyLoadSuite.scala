@@ -316,8 +316,10 @@ class LazyLoadSuite extends AnyFunSuite {
     val journal8 = files.list().find(f => f.kind == Journal && f.version == 8).get
     val records = mutable.ArrayBuffer.empty[Either[Array[Byte], (Array[Byte], Array[Byte])]]
     val delta = files.read(journal8)((k, v) => records += Right((k, v)), k => records += Left(k)).keyDelta.get
-    files.writeJournal(8, Codec.Zstd, None, None, delta + 1)(w =>
-      records.foreach(_.fold(w.delete, kv => w.put(kv._1, kv._2))))
+    files.writeJournal(8, Codec.Zstd, None, None) { w =>
+      records.foreach(_.fold(w.delete, kv => w.put(kv._1, kv._2)))
+      delta + 1
+    }
     val p = provider(root, confs)
     val store = p.getStore(8, None, false, false)
     assert(store.metrics.numKeys == model.size + 1) // what the counts say, until every bucket is in

@@ -263,12 +263,10 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   }
 
   /**
-   * What committing `changes` as version `version + 1` will record: the undo entry (every changed
-   * key's entry as of `version`, or [[Tombstone]]) and the change in the number of keys. Looks
-   * every changed key up (see "Loading lazily": a key looked up is known); changes nothing that a
-   * reader could see.
+   * The changes of `changes` as [[prepareCommit]] takes them, in arrays: no look-up in the table,
+   * so the journal can be written from them before the look-ups (see StateEngine's commit).
    */
-  def prepareCommit(changes: ChangeSet): PreparedCommit = {
+  def collect(changes: ChangeSet): CollectedChanges = {
     val fromEmpty = pending == null && table.size == 0
     // On an empty state, puts the change set moved to pages stay there, and are copied from them
     // (see "Large first batches" in ChangeSet); anywhere else every change is looked up by key.
@@ -279,7 +277,25 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     var i = 0
     val collect = (key: Key, changed: Array[Byte]) => { keys(i) = key; values(i) = changed; i += 1 }
     if (paged == null) changes.foreach(collect) else changes.foreachInMap(collect)
-    if (fromEmpty) {
+    new CollectedChanges(version, fromEmpty, keys, values, paged)
+  }
+
+  /** [[prepareCommit]] of [[collect]]ed `changes`. */
+  def prepareCommit(changes: ChangeSet): PreparedCommit = prepareCommit(collect(changes))
+
+  /**
+   * What committing the `collected` changes as version `version + 1` will record: the undo entry
+   * (every changed key's entry as of `version`, or [[Tombstone]]) and the change in the number of
+   * keys. Looks every changed key up (see "Loading lazily": a key looked up is known); changes
+   * nothing that a reader could see.
+   */
+  def prepareCommit(collected: CollectedChanges): PreparedCommit = {
+    require(collected.version == version, s"changes collected at version ${collected.version} prepared at $version")
+    val keys = collected.keys
+    val values = collected.values
+    val paged = collected.paged
+    val n = keys.length
+    if (collected.fromEmpty) {
       val added = values.count(v => !Tombstone.is(v)).toLong + (if (paged == null) 0 else paged.size)
       new PreparedCommit(version + 1, keys, values, null, null, 0, UndoEntry.FromEmpty, 0L, added, paged)
     } else {
@@ -293,7 +309,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
       val entry = UndoEntry.forKeys(n)
       var entryBytes = entry.tableBytes
       var delta = 0L
-      i = 0
+      var i = 0
       while (i < n) {
         val key = keys(i)
         val prior = if (whole) {
@@ -344,7 +360,6 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     val slots = prepared.slots
     // Without slots kept (a first commit, or a state still loading) no look-up is lost to a resize.
     if (slots == null && prepared.keyDelta > 0) table.reserve(prepared.keyDelta)
-    var written = 0L
     if (prepared.paged != null) { // an empty state: the change set's paged puts, from their pages
       require(byPrefix.isEmpty, "a change set with a prefix index moved puts to pages")
       prepared.paged.foreach { (page, at) =>
@@ -352,21 +367,17 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
           Entry.valueLength(page, at), Entry.keyHash(page, at))
       }
     }
-    var i = 0
-    while (i < keys.length) { // the table copies the change set's entries into its pages
-      val key = keys(i)
-      val changed = values(i)
-      if (Tombstone.is(changed)) remove(key.bytes, key.hashCode)
-      else {
-        val found = slots != null && slots(i) >= 0
-        if (found && inPlace && table.overwriteAt(slots(i), prepared.stamp, prepared.priors(i), changed)) written += 1
-        else if (!(found && table.replaceAt(slots(i), prepared.stamp, prepared.priors(i), changed)))
-          store(changed, key.hashCode)
-      }
-      i += 1
-    }
+    // The table copies the change set's entries into its pages, in one of three loops: each is
+    // compiled for its own case, so the first commit made while a snapshot is written (never seen
+    // in a warm-up whose snapshots are short) does not fail the assumptions of the in-place loop
+    // and send it back to the interpreter (W5 at 4M keys: a deoptimisation and a C2 recompile of
+    // this method in a measured batch). The two that reach the slots prepareCommit found walk the
+    // keys from the last: the pages it looked up last are the ones still in the TLB (at 2,500
+    // keys, two pages each, more than it holds), and would be the first pushed out going forward.
+    if (slots == null) applyByKey(keys, values)
+    else if (inPlace) writtenInPlace += applyInPlace(prepared)
+    else applyAppending(prepared)
     if (pending != null) pendingKeys += prepared.keyDelta
-    writtenInPlace += written
     version = newVersion
     dropUndoUpTo(keepUndoAbove)
     // Updates appended while a snapshot was written go back where their old entries were.
@@ -374,6 +385,59 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     // A state still loading its snapshot does not compact: its first batches after a restart stay
     // light, and the garbage journals left is moved at the usual pace once the load is done.
     if (pending == null) compactedBytes += table.compact() else table.skipCompaction()
+  }
+
+  /** [[applyCommit]]'s changes when no slots were kept: each key's usual path. */
+  private def applyByKey(keys: Array[Key], values: Array[Array[Byte]]): Unit = {
+    var i = 0
+    while (i < keys.length) {
+      val key = keys(i)
+      val changed = values(i)
+      if (Tombstone.is(changed)) remove(key.bytes, key.hashCode) else store(changed, key.hashCode)
+      i += 1
+    }
+  }
+
+  /**
+   * [[applyCommit]]'s changes with no reader of the table: in the slot found, over the old entry
+   * when the lengths match. Returns how many were written in place.
+   */
+  private def applyInPlace(prepared: PreparedCommit): Long = {
+    val keys = prepared.keys
+    val values = prepared.values
+    val slots = prepared.slots
+    val priors = prepared.priors
+    val stamp = prepared.stamp
+    var written = 0L
+    var i = keys.length - 1
+    while (i >= 0) {
+      val key = keys(i)
+      val changed = values(i)
+      val slot = slots(i)
+      if (Tombstone.is(changed)) remove(key.bytes, key.hashCode)
+      else if (slot >= 0 && table.overwriteAt(slot, stamp, priors(i), changed)) written += 1
+      else if (!(slot >= 0 && table.replaceAt(slot, stamp, priors(i), changed))) store(changed, key.hashCode)
+      i -= 1
+    }
+    written
+  }
+
+  /** [[applyCommit]]'s changes while a reader holds the table's bytes: appended, in the slot found. */
+  private def applyAppending(prepared: PreparedCommit): Unit = {
+    val keys = prepared.keys
+    val values = prepared.values
+    val slots = prepared.slots
+    val priors = prepared.priors
+    val stamp = prepared.stamp
+    var i = keys.length - 1
+    while (i >= 0) {
+      val key = keys(i)
+      val changed = values(i)
+      val slot = slots(i)
+      if (Tombstone.is(changed)) remove(key.bytes, key.hashCode)
+      else if (!(slot >= 0 && table.replaceAt(slot, stamp, priors(i), changed))) store(changed, key.hashCode)
+      i -= 1
+    }
   }
 
   /** Bytes of entries the table's compaction has moved (see [[EntryTable.compact]]), in all. */
@@ -552,6 +616,18 @@ object LiveState {
     def heldBytes: Long = buckets.heldBytes + 64L * deleted.size
   }
 }
+
+/**
+ * A change set's changes as of live version `version`, in arrays ([[LiveState.collect]]): the keys
+ * and their new entries (or [[Tombstone]]s) in one order, and on an empty state (`fromEmpty`) the
+ * puts the change set moved to pages, which are not in `keys` (else null).
+ */
+final class CollectedChanges private[engine] (
+    private[engine] val version: Long,
+    private[engine] val fromEmpty: Boolean,
+    private[engine] val keys: Array[Key],
+    private[engine] val values: Array[Array[Byte]],
+    private[engine] val paged: EntryTable)
 
 /** What a commit of version `version` records; see [[LiveState.prepareCommit]]. */
 final class PreparedCommit private[engine] (

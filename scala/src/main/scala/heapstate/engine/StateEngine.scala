@@ -540,17 +540,24 @@ final class StateEngine(
     val newVersion = baseVersion + 1
     val liveBaseId = if (newId.isDefined) Option(lineageIds.get(baseVersion)) else None
     val fromEmpty = st.numKeys == 0 && newestSnapshot == 0
-    val prepared = st.prepareCommit(changes)
-    val bytes = files.writeJournal(newVersion, settings.codec, newId, liveBaseId, prepared.keyDelta) { w =>
-      // From the prepared arrays, in the same order as the change set: walking its hash map again
-      // would chase one node per key (at a million new keys, about a tenth of a second).
-      val (keys, values) = (prepared.keys, prepared.values)
+    // The journal's records come first, from the collected arrays (walking the change set's hash
+    // map again would chase one node per key: at a million new keys, about a tenth of a second).
+    // The look-ups come after them and the key delta they find ends the file: so nothing runs
+    // between the look-ups and the changes to the table that reach the same slots and entries
+    // (see applyCommit) but the file's close, and at millions of keys those are still in the
+    // caches and the TLB when the changes reach them, instead of pushed out by the compression.
+    val collected = st.collect(changes)
+    var prepared: PreparedCommit = null
+    val bytes = files.writeJournal(newVersion, settings.codec, newId, liveBaseId) { w =>
+      val (keys, values) = (collected.keys, collected.values)
       var i = 0
       while (i < keys.length) {
         if (Tombstone.is(values(i))) w.delete(keys(i).bytes) else w.putEntry(values(i))
         i += 1
       }
-      if (prepared.paged != null) prepared.paged.foreach((page, at) => w.putEntry(page, at))
+      if (collected.paged != null) collected.paged.foreach((page, at) => w.putEntry(page, at))
+      prepared = st.prepareCommit(collected)
+      prepared.keyDelta
     }
     // In format v2 a re-run writes a file of its own id, and no older file describes it.
     if (newId.isEmpty && newVersion <= highestKnownVersion) {

@@ -51,16 +51,16 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
   /**
    * Writes the journal of `version` atomically, overwriting an older file of the same name (in
    * checkpoint format v1, a re-run batch commits its version again). `id` and `base` are the
-   * checkpoint ids of format v2 (see [[StateFileNames]]); `keyDelta` is the keys the version added
-   * minus those it removed. Returns the file's size in bytes.
+   * checkpoint ids of format v2 (see [[StateFileNames]]). `records` writes the records and returns
+   * the keys the version added minus those it removed, which the file ends with. Returns the
+   * file's size in bytes.
    */
-  def writeJournal(version: Long, codec: Codec, id: Option[String], base: Option[String], keyDelta: Long)(
-      records: StateFileWriter => Unit): Long =
+  def writeJournal(version: Long, codec: Codec, id: Option[String], base: Option[String])(
+      records: StateFileWriter => Long): Long =
     writeAtomically(Journal, journalPath(version, id, base)) { out =>
       val writer =
         new StateFileWriter(out, StateFileFormat.Header(StateFileFormat.KindJournal, codec, version, partition))
-      records(writer)
-      writer.finish(keyDelta)
+      writer.finish(records(writer))
     }
 
   /**

@@ -214,6 +214,14 @@ def _warmup(report: dict[str, Any]) -> str:
     return f", {n} warm-up batches in each run's JVM first{data}"
 
 
+def _rounds(report: dict[str, Any]) -> str:
+    """The heading's words for W5's ``--repeat``: nothing for one round (and older reports)."""
+    n = report.get("repeat") or 1
+    if n <= 1:
+        return ""
+    return f" of {n} rounds, each running every provider at every K once in a JVM of its own"
+
+
 def w1_section(report: dict[str, Any], path: Path) -> list[str]:
     """W1's run description, table, heapstate's targets and where heapstate loses."""
     p = report["params"]
@@ -312,7 +320,8 @@ def w5_section(report: dict[str, Any], path: Path) -> list[str]:
             f"payloads, {p['updates']:,} keys updated per batch, {p['batches']} batches, "
             f"driver heap {report.get('driver_memory')}, JVM options "
             f"{' '.join(f'`{o}`' for o in report.get('java_options') or []) or 'none'} "
-            f"(for every provider){_warmup(report)}. Figures over batches 2 and later."
+            f"(for every provider){_warmup(report)}. Figures over batches 2 and later"
+            f"{_rounds(report)}."
         ),
         "",
     ]

@@ -31,6 +31,7 @@ import hashlib
 import shutil
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--driver-memory", help="every run's driver heap (default: the size's)")
     parser.add_argument("--jvm", choices=["per-provider", "shared"], help="as in w1.py")
     w1.add_jvm_arguments(parser, heap_example="-Xms12g")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds: each round runs every provider at every K once, in a JVM of its own; the "
+        "medians are over the steady batches of all rounds (default 1; see bench/README.md)",
+    )
     parser.add_argument("--maintenance-interval", help=f"sets {MAINTENANCE_CONF}")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--work-dir", help="where checkpoints go (default: a temporary folder)")
@@ -126,6 +134,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     w1.resolve_warmup(parser, args)
     if len(args.keys) < 2 or args.keys != sorted(set(args.keys)):
         parser.error("--keys must name at least two different K values, in increasing order")
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+    if args.repeat > 1 and args.jvm == "shared":
+        parser.error("--repeat runs each provider in a JVM of its own: not with --jvm shared")
     if args.batches < w1.STEADY_FROM + 1:
         parser.error(f"--batches must be at least {w1.STEADY_FROM + 1}")
     if min(*args.keys, args.payload, args.updates) < 1:
@@ -138,9 +150,12 @@ def _growth(low: dict[str, Any], high: dict[str, Any], key: str) -> float | None
     return b / a if a and b is not None else None
 
 
-def summarize(keys: int, run: dict[str, Any]) -> dict[str, Any]:
-    """W1's figures for one run, plus the memory per key."""
-    s = w1.summarize(run)
+def summarize(
+    keys: int, run: dict[str, Any], more: Sequence[dict[str, Any]] = ()
+) -> dict[str, Any]:
+    """W1's figures for one run, plus the memory per key; with ``more`` runs of the same provider
+    and K (``--repeat``), the batch figures are over the batches of all of them (see pooled)."""
+    s = w1.summarize(pooled(run, more))
     used = s.get("memory_used_bytes")
     retained = s.get("heap_retained_over_baseline_bytes")
     faulting, counted = faulting_batches(run.get("batches", []))
@@ -152,6 +167,42 @@ def summarize(keys: int, run: dict[str, Any]) -> dict[str, Any]:
         "memory_used_bytes_per_key": used / keys if used is not None else None,
         "heap_retained_per_key": retained / keys if retained is not None else None,
     }
+
+
+def pooled(run: dict[str, Any], more: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """``run`` with the batches, GC pauses and marking cycles of the ``more`` runs (later rounds
+    of the same provider and K) after its own. Each pause and cycle falls in its own run's
+    batches, as each carries its time since the epoch. The figures of the last batch (memory
+    used, state bytes) are then the last round's, of the same state; the heap measured after
+    the run stays ``run``'s."""
+    if not more:
+        return run
+    runs = (run, *more)
+    out = {**run, "batches": [b for r in runs for b in r["batches"]]}
+    for key in ("gc_pauses", "gc_mark_cycles"):
+        if all(r.get(key) is not None for r in runs):
+            out[key] = [x for r in runs for x in r[key]]
+        else:
+            out.pop(key, None)
+    return out
+
+
+def round_specs(specs: list[dict[str, Any]], rounds: int) -> list[dict[str, Any]]:
+    """``specs`` in ``rounds`` rounds, in their order in each. A later round's run is named and
+    works apart (``heapstate@1000000#2``) and knows its first round's name."""
+    out = list(specs)
+    for r in range(2, rounds + 1):
+        out += [
+            {
+                **spec,
+                "round": r,
+                "first_run_name": spec["run_name"],
+                "run_name": f"{spec['run_name']}#{r}",
+                "work_dir": f"{spec['work_dir']}-{r}",
+            }
+            for spec in specs
+        ]
+    return out
 
 
 def faulting_batches(batches: list[dict[str, Any]]) -> tuple[int | None, int]:
@@ -443,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
 
     java_options = w1.worker_java_options(args)
     runs: dict[str, dict[str, Any]] = {}
+    repeats: dict[str, list[dict[str, Any]]] = {}  # the later rounds' runs, by first run's name
     failures: dict[str, str] = {}
     try:
         if args.jvm == "shared":
@@ -450,14 +502,18 @@ def main(argv: list[str] | None = None) -> int:
             runs, failures = w1.run_shared(
                 python, specs, confs, work_root, log_dir, args.driver_memory, jars, java_options
             )
-        for spec in specs if args.jvm == "per-provider" else ():
+        for spec in round_specs(specs, args.repeat) if args.jvm == "per-provider" else ():
             name = spec["run_name"]
             progress(f"W5: {name}")
             jars = [jar_copy] if PROVIDERS[spec["provider"]].needs_jar and jar_copy else []
             try:
-                runs[name] = w1.run_provider(
+                run = w1.run_provider(
                     python, spec, work_root, log_dir, args.driver_memory, jars, java_options
                 )
+                if spec.get("round", 1) == 1:
+                    runs[name] = run
+                else:
+                    repeats.setdefault(spec["first_run_name"], []).append(run)
             except RuntimeError as err:  # one run failing must not lose the others
                 failures[name] = str(err)
                 progress(f"{name}: FAILED: {err}")
@@ -472,7 +528,9 @@ def main(argv: list[str] | None = None) -> int:
     for spec in specs:
         run = runs.get(spec["run_name"])
         if run is not None:
-            summaries.setdefault(spec["provider"], {})[spec["keys"]] = summarize(spec["keys"], run)
+            summaries.setdefault(spec["provider"], {})[spec["keys"]] = summarize(
+                spec["keys"], run, repeats.get(spec["run_name"], [])
+            )
     growths = {name: growth(by_k) for name, by_k in summaries.items() if len(by_k) >= 2}
     verdicts = targets(summaries, growths)
     environment = next(iter(runs.values()))["environment"]
@@ -481,6 +539,11 @@ def main(argv: list[str] | None = None) -> int:
         f"U={args.updates:,} batches={args.batches}, Spark {environment['spark_version']}, "
         f"driver {args.driver_memory}, JVM {args.jvm}, JVM options: "
         f"{' '.join(java_options) or 'none'}"
+        + (
+            f", {args.repeat} rounds (medians over the steady batches of every round)"
+            if args.repeat > 1
+            else ""
+        )
     )
     print_report(title, summaries, growths, verdicts)
 
@@ -516,6 +579,9 @@ def main(argv: list[str] | None = None) -> int:
         "growth": growths,
         "targets": verdicts,
         "runs": runs,
+        # --repeat: the rounds, and each run's later rounds (the summary's medians pool them).
+        "repeat": args.repeat,
+        "repeat_runs": repeats,
         "failures": failures,
     }
     print(f"\nJSON: {write_json(out, report)}")

@@ -274,6 +274,14 @@ def test_w5_heading_names_the_jvm_options() -> None:
         "updates. Figures"
     )
     assert tenth in report.w5_section(w5, path)[0]
+    w5["repeat"] = 1
+    assert report.w5_section(w5, path)[0].endswith("updates. Figures over batches 2 and later.")
+    w5["repeat"] = 3
+    rounds = (
+        "Figures over batches 2 and later of 3 rounds, each running every provider at every K "
+        "once in a JVM of its own."
+    )
+    assert rounds in report.w5_section(w5, path)[0]
 
 
 def test_w1_heading_names_the_warmup() -> None:
@@ -462,3 +470,80 @@ def test_w5_report_shows_faulting_batches_and_notes_first_touches(
     )
     assert (note in out) == noted
     assert ("note:" in out) == noted
+
+
+def _w5_run(start_ms: int, commits: list[int], pause_ms: float) -> dict[str, Any]:
+    """A W5 run of len(commits) batches, 1 s apart from start_ms, one GC pause in its batch 3."""
+    batches = [
+        {
+            "batch": i,
+            "start_epoch_ms": start_ms + 1000 * i,
+            "end_epoch_ms": start_ms + 1000 * i + 900,
+            "trigger_ms": 200 + c,
+            "commit_ms": c,
+            "memory_used_bytes": 1000,
+            "state_bytes_total": 10 * i,
+            "state_bytes_new": 10,
+            "custom_metrics": {"heapstateCommitStoreCpuMicros": 1000 * c},
+        }
+        for i, c in enumerate(commits)
+    ]
+    pause = {"end_epoch_ms": start_ms + 3500, "kind": "Pause Young", "pause_ms": pause_ms}
+    return {"batches": batches, "gc_pauses": [pause], "gc_mark_cycles": []}
+
+
+def test_w5_rounds_pool_the_steady_batches_of_every_round() -> None:
+    import w5
+
+    first = _w5_run(0, [900, 900, 10, 11, 12], 5.0)  # batches 0 and 1 are not steady
+    second = _w5_run(100_000, [900, 900, 30, 31, 32], 40.0)
+    one = w5.summarize(1000, first)
+    assert (one["commit_ms_median"], one["gc_pause_ms_max"], one["gc_pauses"]) == (11, 5.0, 1)
+    both = w5.summarize(1000, first, [second])
+    # Steady commits 10, 11, 12, 30, 31, 32: the median of six; each run's pause in its own batch.
+    assert both["commit_ms_median"] == 21.0  # (12 + 30) / 2
+    assert both["commit_store_cpu_ms_median"] == 21.0
+    assert (both["gc_pause_ms_max"], both["gc_pauses"], both["gc_pause_ms_total"]) == (
+        40.0,
+        2,
+        45.0,
+    )
+    assert w5.pooled(first, []) is first
+    assert [b["commit_ms"] for b in first["batches"]] == [900, 900, 10, 11, 12]  # not changed
+
+
+def test_w5_rounds_run_every_spec_once_a_round_under_names_of_their_own() -> None:
+    import w5
+
+    specs = [
+        {"run_name": f"{p}@{k}", "work_dir": f"/w/{p}-{k}", "keys": k, "provider": p}
+        for k in (1, 4)
+        for p in ("hdfs", "heapstate")
+    ]
+    assert w5.round_specs(specs, 1) == specs
+    rounds = w5.round_specs(specs, 3)
+    assert [s["run_name"] for s in rounds] == [
+        "hdfs@1", "heapstate@1", "hdfs@4", "heapstate@4",
+        "hdfs@1#2", "heapstate@1#2", "hdfs@4#2", "heapstate@4#2",
+        "hdfs@1#3", "heapstate@1#3", "hdfs@4#3", "heapstate@4#3",
+    ]  # fmt: skip
+    assert rounds[7]["work_dir"] == "/w/heapstate-4-2"
+    assert rounds[7]["first_run_name"] == "heapstate@4" and rounds[7]["round"] == 2
+    assert len({s["work_dir"] for s in rounds}) == 12
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["--repeat", "0"], "--repeat must be at least 1"),
+        (["--repeat", "2", "--jvm", "shared"], "not with --jvm shared"),
+    ],
+)
+def test_w5_refuses_a_bad_repeat(
+    argv: list[str], error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import w5
+
+    with pytest.raises(SystemExit):
+        w5.parse_args(argv)
+    assert error in capsys.readouterr().err

@@ -155,7 +155,8 @@ def summarize(
 ) -> dict[str, Any]:
     """W1's figures for one run, plus the memory per key; with ``more`` runs of the same provider
     and K (``--repeat``), the batch figures are over the batches of all of them (see pooled)."""
-    s = w1.summarize(pooled(run, more))
+    run = pooled(run, more)
+    s = w1.summarize(run)
     used = s.get("memory_used_bytes")
     retained = s.get("heap_retained_over_baseline_bytes")
     faulting, counted = faulting_batches(run.get("batches", []))

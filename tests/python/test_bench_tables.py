@@ -485,6 +485,7 @@ def _w5_run(start_ms: int, commits: list[int], pause_ms: float) -> dict[str, Any
             "state_bytes_total": 10 * i,
             "state_bytes_new": 10,
             "custom_metrics": {"heapstateCommitStoreCpuMicros": 1000 * c},
+            "minor_faults": 9000 if c >= 30 else 100,
         }
         for i, c in enumerate(commits)
     ]
@@ -508,6 +509,8 @@ def test_w5_rounds_pool_the_steady_batches_of_every_round() -> None:
         2,
         45.0,
     )
+    assert (one["faults_counted_batches"], both["faults_counted_batches"]) == (3, 6)
+    assert (one["faulting_batches"], both["faulting_batches"]) == (0, 3)
     assert w5.pooled(first, []) is first
     assert [b["commit_ms"] for b in first["batches"]] == [900, 900, 10, 11, 12]  # not changed
 

@@ -542,10 +542,11 @@ final class StateEngine(
     val fromEmpty = st.numKeys == 0 && newestSnapshot == 0
     // The journal's records come first, from the collected arrays (walking the change set's hash
     // map again would chase one node per key: at a million new keys, about a tenth of a second).
-    // The look-ups come after them and the key delta they find ends the file: so nothing runs
-    // between the look-ups and the changes to the table that reach the same slots and entries
-    // (see applyCommit) but the file's close, and at millions of keys those are still in the
-    // caches and the TLB when the changes reach them, instead of pushed out by the compression.
+    // The look-ups come after them, and the key delta they find ends the file. Between the
+    // look-ups and the changes to the table that reach the same slots and entries (applyCommit)
+    // there is then only the file's end (the last of its compression, and its close), instead of
+    // all of it: at millions of keys more of those slots and entries are still in the caches and
+    // the TLB (W5 at 4M keys: the changes took 0.19 ms of CPU a commit instead of 0.27; stop 52).
     val collected = st.collect(changes)
     var prepared: PreparedCommit = null
     val bytes = files.writeJournal(newVersion, settings.codec, newId, liveBaseId) { w =>

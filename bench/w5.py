@@ -46,6 +46,8 @@ from _common import (
     fmt_ms,
     fmt_ms_fine,
     host_info,
+    maximum,
+    median,
     parse_confs,
     parse_providers,
     progress,
@@ -155,18 +157,52 @@ def summarize(
 ) -> dict[str, Any]:
     """W1's figures for one run, plus the memory per key; with ``more`` runs of the same provider
     and K (``--repeat``), the batch figures are over the batches of all of them (see pooled)."""
+    rounds = (run, *more)
     run = pooled(run, more)
     s = w1.summarize(run)
+    if more:
+        s.update(per_round_figures(rounds))
     used = s.get("memory_used_bytes")
     retained = s.get("heap_retained_over_baseline_bytes")
     faulting, counted = faulting_batches(run.get("batches", []))
     return {
         **s,
+        "rounds": len(rounds),
         "keys": keys,
         "faulting_batches": faulting,
         "faults_counted_batches": counted,
         "memory_used_bytes_per_key": used / keys if used is not None else None,
         "heap_retained_per_key": retained / keys if retained is not None else None,
+    }
+
+
+def per_round_figures(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The figures of w1.summarize that name batches, for runs pooled from several rounds: each
+    round numbers its batches from 0, so which batches ran beside a snapshot is known per round
+    (``compaction_batches`` becomes one list per round), and the slowest batch is named with its
+    round (``trigger_ms_max_round``, counted from 1)."""
+    beside: list[float] = []
+    other: list[float] = []
+    during_each: list[list[int]] = []
+    slowest: tuple[float, int, int] | None = None
+    for i, r in enumerate(rounds, start=1):
+        during = w1.compaction_batches(r["batches"])
+        during_each.append(sorted(during))
+        for b in r["batches"]:
+            if b["batch"] < w1.STEADY_FROM:
+                continue
+            if b.get("commit_ms") is not None:
+                (beside if b["batch"] in during else other).append(b["commit_ms"])
+            trigger = b.get("trigger_ms")
+            if trigger is not None and (slowest is None or trigger > slowest[0]):
+                slowest = (trigger, b["batch"], i)
+    return {
+        "compaction_batches": during_each,
+        "commit_ms_median_compaction": median(beside),
+        "commit_ms_max_compaction": maximum(beside),
+        "commit_ms_median_other": median(other),
+        "trigger_ms_max_batch": slowest[1] if slowest else None,
+        "trigger_ms_max_round": slowest[2] if slowest else None,
     }
 
 
@@ -522,19 +558,23 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.work_dir:
             shutil.rmtree(work_root, ignore_errors=True)
-    if not runs:
+    if not runs and not repeats:
         raise SystemExit(f"every run failed; logs in {log_dir}")
 
     summaries: dict[str, dict[int, dict[str, Any]]] = {}
     for spec in specs:
-        run = runs.get(spec["run_name"])
-        if run is not None:
+        # Every round that succeeded counts, the first among them as the base (see pooled).
+        done = [r for r in [runs.get(spec["run_name"])] if r is not None]
+        done += repeats.get(spec["run_name"], [])
+        if done:
             summaries.setdefault(spec["provider"], {})[spec["keys"]] = summarize(
-                spec["keys"], run, repeats.get(spec["run_name"], [])
+                spec["keys"], done[0], done[1:]
             )
     growths = {name: growth(by_k) for name, by_k in summaries.items() if len(by_k) >= 2}
     verdicts = targets(summaries, growths)
-    environment = next(iter(runs.values()))["environment"]
+    environment = next(iter([*runs.values(), *(r for rs in repeats.values() for r in rs)]))[
+        "environment"
+    ]
     title = (
         f"\nW5 growth: K={', '.join(f'{k:,}' for k in args.keys)} P={args.payload} "
         f"U={args.updates:,} batches={args.batches}, Spark {environment['spark_version']}, "

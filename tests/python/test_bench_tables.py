@@ -513,6 +513,25 @@ def test_w5_rounds_pool_the_steady_batches_of_every_round() -> None:
     assert (one["faulting_batches"], both["faulting_batches"]) == (0, 3)
     assert w5.pooled(first, []) is first
     assert [b["commit_ms"] for b in first["batches"]] == [900, 900, 10, 11, 12]  # not changed
+    assert (one["rounds"], both["rounds"]) == (1, 2)
+    assert "trigger_ms_max_round" not in one
+
+
+def test_w5_rounds_keep_each_rounds_snapshot_batches_and_name_the_slowest_round() -> None:
+    import w5
+
+    first = _w5_run(0, [900, 900, 10, 11, 12, 13], 5.0)
+    first["batches"][3]["new_snapshot_versions"] = [3]  # batch 3 ran beside a snapshot
+    second = _w5_run(100_000, [900, 900, 30, 31, 32, 33], 5.0)
+    second["batches"][5]["new_snapshot_versions"] = [5]  # batch 5 did, in this round
+    second["batches"][4]["trigger_ms"] = 999
+    s = w5.summarize(1000, first, [second])
+    assert s["compaction_batches"] == [[3], [5]]
+    # Beside a snapshot: round 1's batch 3 (11) and round 2's batch 5 (33); pooled by batch number
+    # they would also take round 1's batch 5 (13) and round 2's batch 3 (31).
+    assert (s["commit_ms_median_compaction"], s["commit_ms_max_compaction"]) == (22.0, 33)
+    assert s["commit_ms_median_other"] == 21.5  # 10, 12, 13, 30, 31, 32
+    assert (s["trigger_ms_max_batch"], s["trigger_ms_max_round"]) == (4, 2)
 
 
 def test_w5_rounds_run_every_spec_once_a_round_under_names_of_their_own() -> None:

@@ -462,4 +462,21 @@ class StateFileFormatSuite extends AnyFunSuite {
     )
       .foreach(n => assert(StateFileNames.parse(n).isEmpty, n))
   }
+
+  test("a journal whose records fail, with an error or an exception, leaves no file and no temporary file") {
+    val dir = java.nio.file.Files.createTempDirectory("heapstate-journal-fail").toFile
+    dir.deleteOnExit()
+    val files = new StateFiles(new Path(dir.getPath), new org.apache.hadoop.conf.Configuration(), 0)
+    // A fatal error (not NonFatal), as an OutOfMemoryError in the commit's look-ups would be.
+    for (failure <- Seq[Throwable](new StackOverflowError("in the look-ups"), new java.io.IOException("disk"))) {
+      val thrown = intercept[Throwable](files.writeJournal(1, Codec.Zstd, None, None) { w =>
+        w.put(Array[Byte](1, 2), Array[Byte](3))
+        throw failure
+      })
+      assert(thrown eq failure)
+      assert(Option(dir.list()).toSeq.flatten.isEmpty, dir.list().toSeq)
+    }
+    files.writeJournal(1, Codec.Zstd, None, None) { w => w.put(Array[Byte](1, 2), Array[Byte](3)); 1L }
+    assert(dir.list().toSeq == Seq("1.hs-journal"))
+  }
 }

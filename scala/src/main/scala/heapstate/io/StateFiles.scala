@@ -91,7 +91,9 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
       out.close()
       size
     } catch {
-      case NonFatal(e) =>
+      // Any throwable: a journal's body runs the commit's look-ups too (see StateEngine's commit),
+      // and an OutOfMemoryError there must not leave the temporary file and its handle behind.
+      case e: Throwable =>
         try out.cancel()
         catch { case NonFatal(c) => e.addSuppressed(c) }
         throw e

@@ -17,8 +17,10 @@ class CheckpointInspectorSuite extends AnyFunSuite {
     val checkpoint = tempDir()
     val root = s"$checkpoint/state"
     val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "3"))
-    // Versions 1..7, snapshots at 3 and 6. The last commit runs no maintenance: at version 7 the
-    // cleanup would delete snapshot 3, since snapshot 6 and the journals rebuild what it held.
+    // Versions 1..7, snapshots at 3 and 6. The last commit runs no maintenance, and commits hand
+    // no cleanup to the background: at version 7 a cleanup would delete snapshot 3, since snapshot
+    // 6 and the journals rebuild what it held.
+    p.cleanupAfterSnapshots = false
     for (v <- 0 until 7) {
       val s = p.getStore(v, None, false, false); put(s, v, v); put(s, 100, v); s.commit()
       if (v < 6) p.doMaintenance()

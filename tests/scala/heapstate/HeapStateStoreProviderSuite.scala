@@ -184,9 +184,11 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
   test("one cleanup after many snapshots keeps the farthest snapshot within the gap at each step") {
     val root = tempDir()
     // Retain 16 versions, a snapshot every 2: the gap is 16 / 2 = 8 versions. Cleanup runs once,
-    // at version 30 (as with Spark's default maintenance interval of a minute and fast batches).
+    // at version 30: snapshots no cleanup thinned yet, as a store that never cleaned up after its
+    // own snapshots left them (an older heapstate, with Spark's maintenance every minute).
     val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "2"),
       minVersionsToRetain = 16)
+    p.cleanupAfterSnapshots = false
     val byVersion = commitModSeven(p, 30)(p.doSnapshotMaintenance())
     assert(snapshots(root) == (2 to 30 by 2).map(v => s"$v.hs-snapshot").sortBy(identity))
     p.doCleanupMaintenance()
@@ -202,6 +204,7 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     val root = tempDir()
     val every3 = Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "3")
     val behind = provider(root, every3, minVersionsToRetain = 100)
+    behind.cleanupAfterSnapshots = false // its only cleanup is the one below
     for (v <- 0 until 7) {
       val s = behind.getStore(v, None, false, false); put(s, v, v); s.commit(); behind.doSnapshotMaintenance()
     }
@@ -227,6 +230,7 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     val root = tempDir()
     val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "3"),
       minVersionsToRetain = 100)
+    p.cleanupAfterSnapshots = false // every snapshot stays until the damage
     for (v <- 0 until 9) {
       val s = p.getStore(v, None, false, false); put(s, v, v); s.commit(); p.doSnapshotMaintenance()
     }
@@ -241,6 +245,27 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     fresh.doMaintenance()
     assert(snapshots(root) == Seq("6.hs-snapshot", "9.hs-snapshot"), "6 stays: 9 is damaged")
     assert(contents(fresh.getReadStore(10, None)) == (0L until 10L).map(k => k -> k).toMap)
+  }
+
+  test("commits clean up after the store's own snapshots, without maintenance") {
+    val root = tempDir()
+    // Spark's defaults as in W1: 100 versions retained, a snapshot every 10 versions (here 3).
+    val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "3"),
+      minVersionsToRetain = 100)
+    val seen = scala.collection.mutable.ArrayBuffer.empty[Seq[String]]
+    val byVersion = commitModSeven(p, 31) { p.awaitBackground(); seen += snapshots(root) }
+    // Versions 1 to 31 (seen(v - 1) after version v): a snapshot at every third version, written in
+    // the background after that commit; the next commit, with it below the live version, hands a
+    // cleanup to the same thread, which deletes the one before it. Every version is retained and
+    // the journals reach version 0, so no snapshot below the restart's is needed.
+    for (v <- 1 to 31) {
+      val newest = v / 3 * 3
+      val expected = if (newest == 0) Nil else if (v == newest && v > 3) Seq(newest - 3, newest) else Seq(newest)
+      assert(seen(v - 1) == expected.map(n => s"$n.hs-snapshot").sortBy(identity), s"after version $v")
+    }
+    assert(files(root).filter(_.endsWith(".hs-journal")) == (1 to 31).map(v => s"$v.hs-journal").sortBy(identity))
+    p.close()
+    assertRebuilt(root, 0L to 31L, byVersion)
   }
 
   test("a commit that makes a snapshot due starts it in the background, without maintenance") {
@@ -497,6 +522,7 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     val root = tempDir()
     val every10 = Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "10")
     val stores = (0 until 4).map(part => provider(root, every10, minVersionsToRetain = 100, partition = part))
+    stores.foreach(_.cleanupAfterSnapshots = false) // every snapshot written stays, to be counted
     for (v <- 0 until 25; p <- stores) {
       val s = p.getStore(v, None, false, false); put(s, v % 7, v); s.commit()
       p.doSnapshotMaintenance() // waits for a snapshot the commit started

@@ -44,7 +44,15 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
   /** The rebuild from files (see [[StateEngine.rebuildsFromFiles]]) whose rows a store has checked. */
   @volatile private var rowsCheckedAfterRebuild = 0L
   /** The snapshot a commit handed to the background thread, until it has run. */
-  @volatile private var pendingSnapshot: BackgroundSnapshot = null
+  @volatile private var pendingSnapshot: Background = null
+  /** The cleanup a commit handed to the background thread after a snapshot, until it has run. */
+  @volatile private var pendingCleanup: Background = null
+  /**
+   * Whether commits hand a cleanup to the background thread once a snapshot this store wrote is
+   * below the live version ([[StateEngine.cleanupDue]]); tests that leave cleanup to maintenance
+   * alone turn it off.
+   */
+  @volatile private[heapstate] var cleanupAfterSnapshots = true
 
   override def init(
       stateStoreId: StateStoreId,
@@ -104,6 +112,7 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
   private[heapstate] def memoryAccounts: (Long, Long) = engine.memoryAccounts
 
   override def close(): Unit = if (engine != null) {
+    cancelOrAwait(pendingCleanup) // a queued cleanup never starts, and a running one ends first
     engine.close() // a background snapshot running now gives up at its next pause
     cancelPendingSnapshot() // and a queued one never starts
   }
@@ -145,33 +154,60 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
   private def snapshotSoon(): Unit = {
     val pending = pendingSnapshot
     if (engine.snapshotDue && (pending == null || pending.isDone)) {
-      val task = new BackgroundSnapshot
+      val task = new Background(
+        () => engine.snapshotIfDue().foreach(reportSnapshot),
+        "background snapshot",
+        "its journals still hold every version, and the next commit or maintenance run tries again"
+      )
       pendingSnapshot = task
       SnapshotThread.execute(task)
     }
   }
 
-  /** Keeps a queued background snapshot from starting, or waits for one that has started. */
-  private def cancelPendingSnapshot(): Unit = {
-    val pending = pendingSnapshot; if (pending != null) pending.cancelOrAwait()
+  /**
+   * Hands a cleanup to the background thread once a snapshot this store wrote is below the live
+   * version (see [[StateEngine.cleanupDue]]), so that the snapshots it makes unneeded go within a
+   * batch or two instead of at Spark's next maintenance run. It waits behind a snapshot that
+   * thread is writing; a listing of the store's directory and a few deletes, it takes no pacing.
+   */
+  private def cleanupSoon(): Unit = {
+    val pending = pendingCleanup
+    if (cleanupAfterSnapshots && engine.cleanupDue && (pending == null || pending.isDone)) {
+      val task = new Background(
+        () => if (engine.isLoaded) engine.cleanup(),
+        "cleanup after a snapshot", "its files stay until the next cleanup")
+      pendingCleanup = task
+      SnapshotThread.execute(task)
+    }
   }
 
+  /** Waits until the background thread has run everything handed to it before the call (tests). */
+  private[heapstate] def awaitBackground(): Unit = {
+    val done = new java.util.concurrent.CountDownLatch(1)
+    SnapshotThread.execute(() => done.countDown())
+    done.await()
+  }
+
+  /** Keeps a queued background snapshot from starting, or waits for one that has started. */
+  private def cancelPendingSnapshot(): Unit = cancelOrAwait(pendingSnapshot)
+
+  private def cancelOrAwait(pending: Background): Unit = if (pending != null) pending.cancelOrAwait()
+
   /**
-   * One background snapshot of this store. Whoever claims it first decides: the snapshot thread
-   * runs it, or a canceller keeps it from ever starting (and, losing the claim, waits for the end).
+   * One background task of this store (a snapshot or a cleanup). Whoever claims it first decides:
+   * the snapshot thread runs it, or a canceller keeps it from ever starting (and, losing the
+   * claim, waits for the end). A failure is logged with `what` and `consequence`.
    */
-  private final class BackgroundSnapshot extends Runnable {
+  private final class Background(body: () => Unit, what: String, consequence: String) extends Runnable {
     private val claimed = new java.util.concurrent.atomic.AtomicBoolean(false)
     private val finished = new java.util.concurrent.CountDownLatch(1)
 
     def isDone: Boolean = finished.getCount == 0
 
     override def run(): Unit = if (claimed.compareAndSet(false, true)) {
-      try engine.snapshotIfDue().foreach(reportSnapshot)
+      try body()
       catch {
-        case NonFatal(e) =>
-          log.warn(s"heapstate: background snapshot of $storeId failed; its journals still hold " +
-              s"every version, and the next commit or maintenance run tries again", e)
+        case NonFatal(e) => log.warn(s"heapstate: $what of $storeId failed; $consequence", e)
       } finally finished.countDown()
     }
 
@@ -432,6 +468,7 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       // A batch that began by rebuilding its state from files (a restart, a moved store) leaves
       // the cores to the other partitions still loading; the next commit starts the snapshot.
       else if (!engine.rebuiltAt(version)) snapshotSoon()
+      cleanupSoon()
       committed.version
     }
 

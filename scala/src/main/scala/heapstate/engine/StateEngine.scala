@@ -436,6 +436,15 @@ final class StateEngine(
    */
   private val damagedSnapshots = java.util.concurrent.ConcurrentHashMap.newKeySet[org.apache.hadoop.fs.Path]()
 
+  /**
+   * The newest snapshot this engine wrote that no cleanup has run after, or -1 ([[cleanupDue]]).
+   * Only this engine's own snapshots count: a store that writes none (its files on an instance
+   * ahead of it, or snapshots not due) leaves its cleanup to Spark's maintenance.
+   */
+  private val uncleanedSnapshot = new java.util.concurrent.atomic.AtomicLong(-1L)
+  /** Taken by [[cleanup]]: Spark's maintenance thread and the snapshot thread may both call it. */
+  private val cleanupLock = new Object
+
   /** The version last rebuilt from files, and how long that took. */
   @volatile private var lastLoad: (Long, Long) = (-1L, 0L)
 
@@ -669,6 +678,7 @@ final class StateEngine(
               write(null)
           }
         newestSnapshot = math.max(newestSnapshot, s)
+        uncleanedSnapshot.accumulateAndGet(s, (a, b) => math.max(a, b))
         bucketsReused += writer.reused
         reuseLock.synchronized {
           if (mine != null && (tracking eq mine)) {
@@ -715,6 +725,29 @@ final class StateEngine(
     }
 
   /**
+   * Whether a snapshot this engine wrote is below the live version with no cleanup run since:
+   * then [[cleanup]] has snapshots to thin (the ones before it, down to the chain it keeps), and
+   * the provider runs it on its snapshot thread instead of waiting for Spark's maintenance.
+   *
+   * Spark's maintenance runs every 60 s by default, while a snapshot falls due every
+   * `compactionInterval` versions: with batches of a few seconds, a store kept every snapshot of
+   * the last minute (W1 with maintenance every 5 s: up to eleven of 38 MB in four stores, and
+   * the checkpoint's size at the end of a run was its timing's). After each snapshot, a store
+   * keeps what a cleanup keeps (the base, a chain of snapshots at most [[thinningGap]] apart, the
+   * restart's snapshot) and at most the one newer snapshot at the live version. In W1 (every
+   * version retained, the journals reaching the empty version 0, which is closer to the restart's
+   * snapshot than the gap) that is one snapshot, two for a batch. The base a cleanup picks is then
+   * a snapshot of the chain earlier ones kept, not the newest of every snapshot ever written, so
+   * it advances in steps of up to the gap: more journals than one cleanup over every snapshot
+   * would keep, within the same bound (see [[cleanup]]).
+   */
+  def cleanupDue: Boolean = {
+    val st = state
+    val uncleaned = uncleanedSnapshot.get
+    st != null && uncleaned >= 0 && st.version > uncleaned
+  }
+
+  /**
    * The widest gap between the snapshots cleanup keeps below the newest: half the retained
    * versions, and never less than `compactionInterval` (which thins nothing, since snapshots are at
    * least that far apart). With Spark's defaults (100 retained, compaction every 10) a store keeps
@@ -741,13 +774,20 @@ final class StateEngine(
    * one of these snapshots may be its base), and a snapshot this engine found damaged is never the
    * one kept for restarts.
    */
-  def cleanup(): Seq[StateFile] = {
-    val (st, liveId) = synchronized { val s = state; (s, if (s == null) None else Option(lineageIds.get(s.version))) }
+  def cleanup(): Seq[StateFile] = cleanupLock.synchronized {
+    val (st, latest, liveId) =
+      synchronized {
+        val s = state; if (s == null) (s, 0L, None) else (s, s.version, Option(lineageIds.get(s.version)))
+      }
+    if (st == null) return Nil
+    // A snapshot of the live version itself is not yet a restart's start (see restartFrom below):
+    // the cleanup that lets the snapshot before it go is one at a later version.
+    val uncleaned = uncleanedSnapshot.get
+    if (uncleaned >= 0 && uncleaned < latest) uncleanedSnapshot.compareAndSet(uncleaned, -1L)
     val all = files.list()
-    if (st == null || all.isEmpty) return Nil
+    if (all.isEmpty) return Nil
     // Count from the live version, not the highest file: after a re-run, higher files belong to
     // an abandoned lineage and must not push the retained window past versions still needed.
-    val latest = st.version
     val oldestRetained = latest - settings.minVersionsToRetain + 1
     val walk = Lineage.walk(all, latest, liveId)
     val base = walk.snapshots.filter(_.version <= oldestRetained).map(_.version).maxOption

@@ -19,7 +19,9 @@ The table has one row per batch: its trigger time, then CPU milliseconds (sample
 interval) in each category of ``CATEGORIES``, from every thread of the worker's JVM. Below it,
 the means over the steady batches (2 and later), and over the slowest quarter of them against the
 rest, which is where a spike's cause shows. One recording per worker JVM (``%p`` in the file
-name is its process id); pick the one whose samples cover the run's batches.
+name is its process id); pick the one whose samples cover the run's batches. A W5 report of
+``--repeat N`` holds each run N times, each in a JVM of its own: ``--round R`` (from 1, the
+default) picks the round the recording was made in.
 
 async-profiler comes from Maven Central (``tools.profiler:async-profiler``, Linux x64), or from
 the mirror ``~/.m2/settings.xml`` names, into ``~/.cache/heapstate``. Reading the recording needs
@@ -45,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from _delta import maven_mirror
+from w5 import runs_by_round
 
 PROFILER_VERSION = "3.0"
 PROFILER_PATH = f"tools/profiler/async-profiler/{PROFILER_VERSION}/async-profiler-{PROFILER_VERSION}-linux-x64.jar"
@@ -251,18 +254,26 @@ def recording_start(recording: Path, jfr: str) -> dt.datetime:
     return dt.datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.timezone.utc)
 
 
-def run_batches(report: Path, run: str, restarts: bool = False) -> list[dict[str, Any]]:
-    """The per-batch records of run ``run`` (a provider, or ``provider@K`` in W5) of a report;
-    with ``restarts``, its fresh-process restart batches instead (W1), each recorded by the JVM
-    that restarted."""
-    runs = json.loads(report.read_text()).get("runs", {})
-    if run not in runs or "batches" not in runs[run]:
+def run_batches(
+    report: Path, run: str, restarts: bool = False, in_round: int = 1
+) -> list[dict[str, Any]]:
+    """The per-batch records of run ``run`` (a provider, or ``provider@K`` in W5) of a report, in
+    round ``in_round`` (W5's ``--repeat``, counted from 1); with ``restarts``, its fresh-process
+    restart batches instead (W1), each recorded by the JVM that restarted."""
+    runs = runs_by_round(json.loads(report.read_text()))
+    if run not in runs:
         raise SystemExit(
             f"{report} has no run '{run}' with batches; it has: {', '.join(sorted(runs)) or 'none'}"
         )
+    if in_round not in runs[run]:
+        rounds = ", ".join(str(r) for r in sorted(runs[run])) or "none"
+        raise SystemExit(f"run '{run}' of {report} has no round {in_round}; its rounds: {rounds}")
+    chosen = runs[run][in_round]
+    if "batches" not in chosen:
+        raise SystemExit(f"round {in_round} of run '{run}' of {report} has no batches")
     if not restarts:
-        return runs[run]["batches"]
-    found = [r for r in runs[run].get("restarts") or [] if "start_epoch_ms" in r]
+        return chosen["batches"]
+    found = [r for r in chosen.get("restarts") or [] if "start_epoch_ms" in r]
     if not found:
         raise SystemExit(f"run '{run}' of {report} has no fresh-process restart")
     return found
@@ -286,6 +297,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--run", required=True, help="the run in the report: a provider, or provider@K for W5"
     )
     rep.add_argument(
+        "--round",
+        type=int,
+        default=1,
+        help="the round of the run that the recording is of (W5's --repeat; from 1, the default)",
+    )
+    rep.add_argument(
         "--interval-ms", type=float, default=INTERVAL_MS, help="the recording's sampling interval"
     )
     rep.add_argument(
@@ -306,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     recording = Path(args.recording)
     if not recording.is_file():
         raise SystemExit(f"no recording at {recording}")
-    batches = run_batches(Path(args.report), args.run, args.restarts)
+    batches = run_batches(Path(args.report), args.run, args.restarts, args.round)
     start = recording_start(recording, jfr)
     printed = subprocess.Popen(
         [jfr, "print", "--events", "jdk.ExecutionSample", "--stack-depth", "128", str(recording)],
@@ -320,7 +337,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(f"jfr print failed on {recording}")
     if not any(sum(c.values()) for c in cpu.values()):
         sys.exit(
-            f"no sample of {recording} falls inside a batch of run '{args.run}': another worker's recording?"
+            f"no sample of {recording} falls inside a batch of round {args.round} of run "
+            f"'{args.run}': another worker's recording?"
         )
     print_table(batches, cpu)
 

@@ -33,6 +33,14 @@ The columns (``SCHEMA``):
   script's table prints it), ``batch`` (one micro-batch; ``batch`` holds its id), ``restart``
   (W1's first batch after the restart), ``growth`` (W5's ratios, largest K over the one before;
   ``keys`` is the largest K), ``result`` (one record of W2's, W3's or W4's ``results``).
+- ``round``: the round the figure was measured in, counted from 1. ``w5.py --repeat N`` runs
+  every provider at every K N times, each in a JVM of its own: the rows of each run (its
+  batches, its heap figures) carry their round, so a run's batch appears once per round. The
+  summary and growth figures of such a report pool every round, and have a null round (the
+  summary's ``rounds`` figure says how many rounds it pools), as have W3's results with
+  ``--rounds`` above 1 (medians over its rounds). Every other report ran once: its rows say 1.
+  Rows ingested before this column existed read null until their report is ingested again.
+  (In pandas, ``frame["round"]``: ``frame.round`` is a method.)
 - ``metric`` and ``value``: the JSON field and its value as a double. Nested records are flattened
   with dots (``state_bytes_total_by_kind.journal``, ``duration_ms.addBatch``,
   ``custom_metrics.rocksdbGetCount``); booleans are 1.0 or 0.0; nulls, strings and lists are
@@ -53,14 +61,16 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from w5 import runs_by_round
+
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_TABLE = BENCH_DIR / "results" / "table"
 
 SCHEMA = (
     "run_id STRING, benchmark STRING, timestamp TIMESTAMP, size STRING, git_commit STRING, "
     "git_dirty BOOLEAN, spark_version STRING, provider STRING, keys BIGINT, cardinality BIGINT, "
-    "mode STRING, writes_per_key BIGINT, batch BIGINT, scope STRING, metric STRING, "
-    "value DOUBLE, params STRING, source STRING"
+    "mode STRING, writes_per_key BIGINT, batch BIGINT, round BIGINT, scope STRING, "
+    "metric STRING, value DOUBLE, params STRING, source STRING"
 )
 COLUMNS: tuple[str, ...] = tuple(part.strip().split(" ")[0] for part in SCHEMA.split(","))
 
@@ -122,6 +132,8 @@ class _RowMaker:
         git = report.get("git") or {}
         environment = report.get("environment") or {}
         stamp = _stamp(report, source)
+        # W5's --repeat and W3's --rounds: a figure over several rounds is of none of them.
+        rounds = report.get("repeat") or report.get("rounds") or 1
         self.common: Row = {
             "run_id": run_id(report, source),
             "benchmark": str(report["benchmark"]),
@@ -130,6 +142,7 @@ class _RowMaker:
             "git_commit": git.get("commit") or None,
             "git_dirty": git.get("dirty"),
             "spark_version": environment.get("spark_version") or report.get("spark"),
+            "round": 1 if rounds == 1 else None,
             "params": json.dumps(_params(report), sort_keys=True),
             "source": str(source),
         }
@@ -162,21 +175,21 @@ def _w1_rows(make: _RowMaker, report: Mapping[str, Any]) -> list[Row]:
     return rows
 
 
-def _run_rows(make: _RowMaker, run: Mapping[str, Any], provider: str, keys: int) -> list[Row]:
-    """A W1 run's per-batch records, its restart, and its heap figures (also W5's runs)."""
+def _run_rows(
+    make: _RowMaker, run: Mapping[str, Any], provider: str, keys: int, in_round: int = 1
+) -> list[Row]:
+    """A W1 run's per-batch records, its restart, and its heap figures (also each round's run of
+    W5's), in round ``in_round``."""
+    point = {"provider": provider, "keys": keys, "round": in_round}
     rows: list[Row] = []
     for rec in run.get("batches", []):
-        rows += make.rows(
-            rec, "batch", skip=["batch"], provider=provider, keys=keys, batch=rec["batch"]
-        )
+        rows += make.rows(rec, "batch", skip=["batch"], batch=rec["batch"], **point)
     restart = run.get("restart")
     if restart:
-        rows += make.rows(
-            restart, "restart", skip=["batch"], provider=provider, keys=keys, batch=restart["batch"]
-        )
+        rows += make.rows(restart, "restart", skip=["batch"], batch=restart["batch"], **point)
     for name in ("heap_baseline", "heap_after"):
         if run.get(name):
-            rows += make.rows(run[name], "summary", prefix=f"{name}.", provider=provider, keys=keys)
+            rows += make.rows(run[name], "summary", prefix=f"{name}.", **point)
     return rows
 
 
@@ -185,11 +198,12 @@ def _w5_rows(make: _RowMaker, report: Mapping[str, Any]) -> list[Row]:
     for provider, by_k in report.get("summary", {}).items():
         for k, summary in by_k.items():
             rows += make.rows(summary, "summary", skip=["keys"], provider=provider, keys=int(k))
-    for name, run in report.get("runs", {}).items():
+    for name, by_round in runs_by_round(report).items():
         provider, _, k = name.rpartition("@")
         if not provider:
             raise ValueError(f"W5 run {name!r}: expected <provider>@<keys>")
-        rows += _run_rows(make, run, provider, int(k))
+        for in_round, run in sorted(by_round.items()):
+            rows += _run_rows(make, run, provider, int(k), in_round)
     for provider, growth in report.get("growth", {}).items():
         rows += make.rows(
             growth, "growth", skip=["to_keys"], provider=provider, keys=growth["to_keys"]
@@ -262,7 +276,8 @@ def ingest(
     spark: Any, reports: Sequence[Path], table: Path | str = DEFAULT_TABLE
 ) -> dict[str, int]:
     """Append ``reports`` to the Delta table at ``table`` (created when missing), replacing the
-    rows of any run already in it, in one commit. Returns the rows written per run id."""
+    rows of any run already in it, in one commit. Returns the rows written per run id. A table
+    written before a column of SCHEMA existed takes the column (``mergeSchema``)."""
     rows_by_run: dict[str, list[Row]] = {}
     for path in reports:
         report = load_report(Path(path))
@@ -272,7 +287,7 @@ def ingest(
     rows = [tuple(row[c] for c in COLUMNS) for run in rows_by_run.values() for row in run]
     frame = spark.createDataFrame(rows, SCHEMA)
     quoted = ", ".join("'" + rid.replace("'", "''") + "'" for rid in rows_by_run)
-    writer = frame.write.format("delta")
+    writer = frame.write.format("delta").option("mergeSchema", "true")
     if _is_delta_table(spark, str(table)):
         writer = writer.mode("overwrite").option("replaceWhere", f"run_id IN ({quoted})")
     else:

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -179,8 +180,9 @@ def summarize(
 def per_round_figures(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The figures of w1.summarize that name batches, for runs pooled from several rounds: each
     round numbers its batches from 0, so which batches ran beside a snapshot is known per round
-    (``compaction_batches`` becomes one list per round), and the slowest batch is named with its
-    round (``trigger_ms_max_round``, counted from 1)."""
+    (``compaction_batches`` becomes one list per pooled run, in order), and the slowest batch is
+    named with its round (``trigger_ms_max_round``, counted from 1: a run's ``round``, which
+    main gives each later round's run, else its place in ``rounds``)."""
     beside: list[float] = []
     other: list[float] = []
     during_each: list[list[int]] = []
@@ -195,7 +197,7 @@ def per_round_figures(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 (beside if b["batch"] in during else other).append(b["commit_ms"])
             trigger = b.get("trigger_ms")
             if trigger is not None and (slowest is None or trigger > slowest[0]):
-                slowest = (trigger, b["batch"], i)
+                slowest = (trigger, b["batch"], r.get("round", i))
     return {
         "compaction_batches": during_each,
         "commit_ms_median_compaction": median(beside),
@@ -239,6 +241,24 @@ def round_specs(specs: list[dict[str, Any]], rounds: int) -> list[dict[str, Any]
             }
             for spec in specs
         ]
+    return out
+
+
+def runs_by_round(report: Mapping[str, Any]) -> dict[str, dict[int, dict[str, Any]]]:
+    """Every run of a W1 or W5 report by its first round's name, then by its round (counted from
+    1): ``runs`` holds the first round's, ``repeat_runs`` the later rounds' (``--repeat``). A run
+    whose first round failed has no round 1. A later run carries its ``round``; in a report
+    from before it did, the later runs fill the rounds that ``failures`` does not name
+    (``<name>#<round>``), in order."""
+    runs = report.get("runs") or {}
+    repeats = report.get("repeat_runs") or {}
+    failures = report.get("failures") or {}
+    out: dict[str, dict[int, dict[str, Any]]] = {}
+    for name in [*runs, *(n for n in repeats if n not in runs)]:
+        unnamed = (r for r in itertools.count(2) if f"{name}#{r}" not in failures)
+        out[name] = {1: runs[name]} if name in runs else {}
+        for run in repeats.get(name, []):
+            out[name][run.get("round") or next(unnamed)] = run
     return out
 
 
@@ -549,7 +569,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 if spec.get("round", 1) == 1:
                     runs[name] = run
-                else:
+                else:  # its round, as a failed round leaves a gap in the list
+                    run = {**run, "round": spec["round"]}
                     repeats.setdefault(spec["first_run_name"], []).append(run)
             except RuntimeError as err:  # one run failing must not lose the others
                 failures[name] = str(err)

@@ -5,6 +5,7 @@ that keep a stale jar or a skipped full GC out of the figures: no Spark, exact f
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import shlex
 import sys
@@ -91,6 +92,7 @@ def test_w1_rows() -> None:
         )
     }
     assert {r["spark_version"] for r in rows} == {"4.2.0"}
+    assert {r["round"] for r in rows} == {1}  # a report of one round
     assert figures(rows) == {
         ("summary", "hdfs", 100, None, None, None, None, "trigger_ms_median", 100.0),
         ("summary", "hdfs", 100, None, None, None, None, "memory_used_bytes", 2e6),
@@ -130,6 +132,10 @@ def test_w2_w3_rows_take_the_timestamp_from_the_file_name() -> None:
     assert figures(rows3) == {
         ("result", "hdfs", 10_000, None, None, None, None, "get_ops_per_ms", 3321.5)
     }
+    assert {r["round"] for r in rows2 + rows3} == {1}
+    # W3's --rounds 3: each result is a median over the rounds, so of no one round.
+    pooled = results_table.rows_from_report({**w3, "rounds": 3}, Path("w3-20261121-144826.json"))
+    assert [(r["metric"], r["round"]) for r in pooled] == [("get_ops_per_ms", None)]
     with pytest.raises(ValueError, match="no 'timestamp' and its name holds none"):
         results_table.rows_from_report(w3, Path("w3.json"))
 
@@ -173,12 +179,91 @@ def test_w4_w5_rows() -> None:
         "runs": {"hdfs@5000": {"batches": [{"batch": 3, "commit_ms": 228}]}},
         "growth": {"hdfs": {"from_keys": 5000, "to_keys": 10000, "trigger_ratio": 0.87}},
     }
-    assert figures(results_table.rows_from_report(w5, Path("w5.json"))) == {
+    w5_rows = results_table.rows_from_report(w5, Path("w5.json"))
+    assert {r["round"] for r in w5_rows} == {1}  # a report from before --repeat
+    assert figures(w5_rows) == {
         ("summary", "hdfs", 5000, None, None, None, None, "trigger_ms_median", 698.0),
         ("batch", "hdfs", 5000, None, None, None, 3, "commit_ms", 228.0),
         ("growth", "hdfs", 10000, None, None, None, None, "from_keys", 5000.0),
         ("growth", "hdfs", 10000, None, None, None, None, "trigger_ratio", 0.87),
     }
+
+
+def _w5_rounds_report(with_round: bool) -> dict[str, Any]:
+    """A W5 report of ``--repeat 3``: hdfs@5000 ran three rounds; hdfs@10000 failed in rounds 1
+    and 2. Each later run carries its ``round`` unless ``with_round`` is false, as in reports
+    written before it did."""
+
+    def later(r: int, batches: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"batches": batches, **({"round": r} if with_round else {})}
+
+    return {
+        "benchmark": "W5",
+        "timestamp": "20261130-101500",
+        "repeat": 3,
+        "summary": {"hdfs": {"5000": {"keys": 5000, "rounds": 3, "commit_ms_median": 21.0}}},
+        "runs": {
+            "hdfs@5000": {"batches": [{"batch": 2, "commit_ms": 10}], "heap_after": {"used": 7}}
+        },
+        "repeat_runs": {
+            "hdfs@5000": [
+                later(2, [{"batch": 2, "commit_ms": 20}]),
+                later(3, [{"batch": 2, "commit_ms": 30}]),
+            ],
+            "hdfs@10000": [later(3, [{"batch": 2, "commit_ms": 40}])],
+        },
+        "growth": {},
+        "failures": {"hdfs@10000": "exit 1", "hdfs@10000#2": "exit 1"},
+    }
+
+
+@pytest.mark.parametrize("with_round", [True, False])
+def test_w5_rows_keep_every_rounds_batches_with_their_round(with_round: bool) -> None:
+    """A run's rows carry the round they were measured in; the summary, which pools the rounds,
+    has none. Without the runs' own ``round``, the rounds ``failures`` names are skipped."""
+    rows = results_table.rows_from_report(_w5_rounds_report(with_round), Path("w5.json"))
+    found = {(r["scope"], r["keys"], r["batch"], r["round"], r["metric"], r["value"]) for r in rows}
+    assert len(found) == len(rows)
+    assert found == {
+        ("summary", 5000, None, None, "rounds", 3.0),
+        ("summary", 5000, None, None, "commit_ms_median", 21.0),
+        ("batch", 5000, 2, 1, "commit_ms", 10.0),
+        ("summary", 5000, None, 1, "heap_after.used", 7.0),
+        ("batch", 5000, 2, 2, "commit_ms", 20.0),
+        ("batch", 5000, 2, 3, "commit_ms", 30.0),
+        ("batch", 10000, 2, 3, "commit_ms", 40.0),
+    }
+    assert {r["provider"] for r in rows} == {"hdfs"}
+
+
+@pytest.mark.parametrize("with_round", [True, False])
+def test_cpu_by_batch_cuts_at_the_batches_of_the_chosen_round(
+    tmp_path: Path, with_round: bool
+) -> None:
+    """A recording is of one worker JVM, which ran one round of a run: ``--round`` picks it, and
+    a round that the run does not have is named with those it has."""
+    import cpu_by_batch
+
+    path = tmp_path / "w5.json"
+    path.write_text(json.dumps(_w5_rounds_report(with_round)))
+    assert cpu_by_batch.run_batches(path, "hdfs@5000") == [{"batch": 2, "commit_ms": 10}]
+    assert cpu_by_batch.run_batches(path, "hdfs@5000", in_round=1) == [
+        {"batch": 2, "commit_ms": 10}
+    ]
+    assert cpu_by_batch.run_batches(path, "hdfs@5000", in_round=3) == [
+        {"batch": 2, "commit_ms": 30}
+    ]
+    assert cpu_by_batch.run_batches(path, "hdfs@10000", in_round=3) == [
+        {"batch": 2, "commit_ms": 40}
+    ]
+    with pytest.raises(SystemExit) as missing:
+        cpu_by_batch.run_batches(path, "hdfs@5000", in_round=4)
+    assert str(missing.value) == f"run 'hdfs@5000' of {path} has no round 4; its rounds: 1, 2, 3"
+    with pytest.raises(SystemExit) as failed:
+        cpu_by_batch.run_batches(path, "hdfs@10000")
+    assert str(failed.value) == f"run 'hdfs@10000' of {path} has no round 1; its rounds: 3"
+    with pytest.raises(SystemExit, match=r"no run 'hdfs@5000#2'.*: hdfs@10000, hdfs@5000$"):
+        cpu_by_batch.run_batches(path, "hdfs@5000#2")
 
 
 def test_unknown_benchmark_is_refused() -> None:
@@ -569,3 +654,75 @@ def test_w5_refuses_a_bad_repeat(
     with pytest.raises(SystemExit):
         w5.parse_args(argv)
     assert error in capsys.readouterr().err
+
+
+def test_w5_pools_the_later_rounds_when_the_first_round_of_a_run_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``w5.main`` with ``--repeat 3``, the workers replaced by hand-written runs: hdfs@1000's
+    first round fails, so its rounds 2 and 3 are pooled, round 2 as the base; hdfs@2000 pools
+    all three rounds. A later run keeps its round, so the slowest batch is named in round 3."""
+    import w1
+    import w5
+
+    environment = {"spark_version": "4.2.0"}
+    made = {
+        "hdfs@1000#2": _w5_run(100_000, [900, 900, 30, 31, 32], 40.0),
+        "hdfs@1000#3": _w5_run(200_000, [900, 900, 50, 51, 52], 5.0),
+        "hdfs@2000": _w5_run(300_000, [900, 900, 10, 11, 12], 1.0),
+        "hdfs@2000#2": _w5_run(400_000, [900, 900, 10, 11, 12], 2.0),
+        "hdfs@2000#3": _w5_run(500_000, [900, 900, 10, 11, 12], 3.0),
+    }
+    for i, run in enumerate(made.values()):  # the heap after the run is the base round's
+        run["heap_baseline"] = {"used": 1_000, "full_gcs": 3}
+        run["heap_after"] = {"used": 1_000 + 100_000 * (i + 1), "full_gcs": 3}
+    ran: list[str] = []
+
+    def run_provider(python: str, spec: dict[str, Any], *rest: Any) -> dict[str, Any]:
+        ran.append(spec["run_name"])
+        if spec["run_name"] == "hdfs@1000":
+            raise RuntimeError("worker exited with 1")
+        return {**made[spec["run_name"]], "environment": environment}
+
+    monkeypatch.setattr(w1, "run_provider", run_provider)
+    monkeypatch.setattr(w5, "run_worker", lambda *args, **kwargs: None)  # no data generated
+    monkeypatch.setattr(w1, "_git_state", lambda: {"commit": "0123", "dirty": False})
+    out = tmp_path / "w5.json"
+    argv = ["--keys", "1000,2000", "--batches", "5", "--providers", "hdfs", "--jvm"]
+    argv += ["per-provider", "--repeat", "3", "--warmup-batches", "0", "--python", sys.executable]
+    argv += ["--work-dir", str(tmp_path / "work"), "--out", str(out)]
+    assert w5.main(argv) == 1  # a run failed
+    capsys.readouterr()
+    assert ran == [f"hdfs@{k}{r}" for r in ("", "#2", "#3") for k in (1000, 2000)]
+
+    rep = json.loads(out.read_text())
+    assert rep["failures"] == {"hdfs@1000": "worker exited with 1"}
+    assert list(rep["runs"]) == ["hdfs@2000"]
+    assert rep["repeat_runs"] == {
+        "hdfs@1000": [
+            {**made["hdfs@1000#2"], "environment": environment, "round": 2},
+            {**made["hdfs@1000#3"], "environment": environment, "round": 3},
+        ],
+        "hdfs@2000": [
+            {**made["hdfs@2000#2"], "environment": environment, "round": 2},
+            {**made["hdfs@2000#3"], "environment": environment, "round": 3},
+        ],
+    }
+    low, high = rep["summary"]["hdfs"]["1000"], rep["summary"]["hdfs"]["2000"]
+    assert (low["rounds"], high["rounds"]) == (2, 3)
+    # Steady commits of rounds 2 and 3 (30, 31, 32, 50, 51, 52); each round's pause in its batch 3.
+    assert (low["commit_ms_median"], low["commit_ms_max_compaction"]) == (41.0, None)
+    assert (low["trigger_ms_median"], low["trigger_ms_max"]) == (241.0, 252)
+    assert (low["gc_pauses"], low["gc_pause_ms_total"], low["gc_pause_ms_max"]) == (2, 45.0, 40.0)
+    assert (low["trigger_ms_max_batch"], low["trigger_ms_max_round"]) == (4, 3)
+    assert (low["faulting_batches"], low["faults_counted_batches"]) == (6, 6)  # 9,000 faults each
+    assert (low["heap_retained_over_baseline_bytes"], low["heap_retained_per_key"]) == (
+        100_000,
+        100,
+    )
+    assert (high["heap_retained_over_baseline_bytes"], high["heap_retained_per_key"]) == (
+        300_000,
+        150,
+    )
+    assert (high["commit_ms_median"], high["gc_pause_ms_total"]) == (11.0, 6.0)
+    assert (high["trigger_ms_max_batch"], high["trigger_ms_max_round"]) == (4, 1)

@@ -268,6 +268,61 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     assertRebuilt(root, 0L to 31L, byVersion)
   }
 
+  test("cleanups after each snapshot keep a chain within the gap, and the journals within the bound") {
+    val root = tempDir()
+    // Retain 16 versions, a snapshot every 2: the gap is 16 / 2 = 8 versions, and a store keeps at
+    // most 16 - 1 + 8 = 23 journals. No maintenance: only the cleanups commits hand over.
+    val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "2"),
+      minVersionsToRetain = 16)
+    var version = 0
+    var mostJournals = 0
+    val byVersion = commitModSeven(p, 60) {
+      p.awaitBackground()
+      version += 1
+      val kept = snapshots(root).map(_.stripSuffix(".hs-snapshot").toInt).sorted
+      val journals = files(root).filter(_.endsWith(".hs-journal")).map(_.stripSuffix(".hs-journal").toInt).sorted
+      mostJournals = math.max(mostJournals, journals.size)
+      // Every version retained is rebuilt from the empty version 0 or a snapshot kept at or below
+      // the oldest of them, and the journals above it, all kept.
+      val from = journals.head - 1
+      assert(journals == (from + 1 to version), s"after version $version: journals $journals")
+      assert(from <= math.max(version - 16 + 1, 0) && (from == 0 || kept.contains(from)),
+        s"after version $version: journals from ${from + 1}, snapshots $kept")
+      // The chain: no two kept snapshots (nor the base and the first) further apart than the gap.
+      val chain = (from +: kept.filter(_ > from)).distinct
+      assert(chain.zip(chain.drop(1)).forall { case (a, b) => b - a <= 8 }, s"after version $version: $kept")
+    }
+    assert(mostJournals <= 23, s"$mostJournals journals at most")
+    p.close()
+    assertRebuilt(root, 45L to 60L, byVersion)
+  }
+
+  test("cleanup never takes a snapshot a rebuild found damaged as the base") {
+    val root = tempDir()
+    val every3 = Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "3")
+    val p = provider(root, every3, minVersionsToRetain = 3)
+    p.cleanupAfterSnapshots = false
+    val byVersion = commitModSeven(p, 7)(p.doSnapshotMaintenance())
+    p.close()
+    assert(snapshots(root) == Seq("3.hs-snapshot", "6.hs-snapshot"))
+    val raf = new RandomAccessFile(new File(storeDir(root), "6.hs-snapshot"), "rw")
+    raf.seek(raf.length() / 2); val b = raf.read(); raf.seek(raf.length() / 2); raf.write(b ^ 0xff); raf.close()
+    // The rebuild of version 7 skips snapshot 6 and starts from 3. At version 9 the oldest of the
+    // three retained versions is 7: the newest snapshot at or below it is 6, damaged, so the base
+    // is 3, with journals 4 to 9 (with 6 as the base, 3 and journals 4 to 6 would go).
+    val fresh = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "100"),
+      minVersionsToRetain = 3)
+    val more = scala.collection.mutable.Map(byVersion(7).toSeq: _*)
+    for (v <- 7 until 9) {
+      val s = fresh.getStore(v, None, false, false); put(s, v % 7, v); s.commit(); more((v % 7).toLong) = v
+    }
+    fresh.doMaintenance()
+    assert(files(root).filter(_.endsWith(".hs-journal")) == (4 to 9).map(v => s"$v.hs-journal").sortBy(identity))
+    assert(snapshots(root).contains("3.hs-snapshot"), files(root))
+    fresh.close()
+    assertRebuilt(root, 7L to 9L, byVersion ++ Map(9L -> more.toMap, 8L -> (byVersion(7) + (0L -> 7L))))
+  }
+
   test("a commit that makes a snapshot due starts it in the background, without maintenance") {
     val root = tempDir()
     val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "3"))

@@ -45,10 +45,10 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
   @volatile private var rowsCheckedAfterRebuild = 0L
   /** The snapshot a commit handed to the background thread, until it has run. */
   @volatile private var pendingSnapshot: Background = null
-  /** The cleanup a commit handed to the background thread after a snapshot, until it has run. */
+  /** The cleanup a commit handed to the cleanup thread after a snapshot, until it has run. */
   @volatile private var pendingCleanup: Background = null
   /**
-   * Whether commits hand a cleanup to the background thread once a snapshot this store wrote is
+   * Whether commits hand a cleanup to the cleanup thread once a snapshot this store wrote is
    * below the live version ([[StateEngine.cleanupDue]]); tests that leave cleanup to maintenance
    * alone turn it off.
    */
@@ -112,7 +112,10 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
   private[heapstate] def memoryAccounts: (Long, Long) = engine.memoryAccounts
 
   override def close(): Unit = if (engine != null) {
-    cancelOrAwait(pendingCleanup) // a queued cleanup never starts, and a running one ends first
+    // A queued cleanup never starts, and a running one ends first. (A commit racing the close, a
+    // zombie task's, may still queue one; it runs as a maintenance cleanup would, or finds the
+    // engine closed and does nothing.)
+    cancelOrAwait(pendingCleanup)
     engine.close() // a background snapshot running now gives up at its next pause
     cancelPendingSnapshot() // and a queued one never starts
   }
@@ -165,10 +168,11 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
   }
 
   /**
-   * Hands a cleanup to the background thread once a snapshot this store wrote is below the live
+   * Hands a cleanup to the cleanup thread once a snapshot this store wrote is below the live
    * version (see [[StateEngine.cleanupDue]]), so that the snapshots it makes unneeded go within a
-   * batch or two instead of at Spark's next maintenance run. It waits behind a snapshot that
-   * thread is writing; a listing of the store's directory and a few deletes, it takes no pacing.
+   * batch or two instead of at Spark's next maintenance run. A listing of the store's directory
+   * and a few deletes, it takes no pacing, and has a thread of its own so as not to wait behind
+   * the paced snapshots of other stores (several batches each, in W1).
    */
   private def cleanupSoon(): Unit = {
     val pending = pendingCleanup
@@ -177,14 +181,14 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
         () => if (engine.isLoaded) engine.cleanup(),
         "cleanup after a snapshot", "its files stay until the next cleanup")
       pendingCleanup = task
-      SnapshotThread.execute(task)
+      CleanupThread.execute(task)
     }
   }
 
-  /** Waits until the background thread has run everything handed to it before the call (tests). */
-  private[heapstate] def awaitBackground(): Unit = {
+  /** Waits until the background threads have run everything handed to them before the call (tests). */
+  private[heapstate] def awaitBackground(): Unit = Seq(SnapshotThread, CleanupThread).foreach { thread =>
     val done = new java.util.concurrent.CountDownLatch(1)
-    SnapshotThread.execute(() => done.countDown())
+    thread.execute(() => done.countDown())
     done.await()
   }
 
@@ -556,9 +560,13 @@ object HeapStateStoreProvider {
   private[heapstate] val NoTaskPluginWarned = new java.util.concurrent.atomic.AtomicBoolean()
 
   /** The one daemon thread that writes snapshots commits have made due, for every store in the JVM. */
-  private lazy val SnapshotThread: java.util.concurrent.Executor =
+  private lazy val SnapshotThread: java.util.concurrent.Executor = daemonThread("heapstate-snapshot")
+  /** The one daemon thread that cleans up after the snapshots of every store in the JVM. */
+  private lazy val CleanupThread: java.util.concurrent.Executor = daemonThread("heapstate-cleanup")
+
+  private def daemonThread(name: String): java.util.concurrent.Executor =
     java.util.concurrent.Executors.newSingleThreadExecutor { (r: Runnable) =>
-      val t = new Thread(r, "heapstate-snapshot")
+      val t = new Thread(r, name)
       t.setDaemon(true)
       t
     }

@@ -437,12 +437,17 @@ final class StateEngine(
   private val damagedSnapshots = java.util.concurrent.ConcurrentHashMap.newKeySet[org.apache.hadoop.fs.Path]()
 
   /**
-   * The newest snapshot this engine wrote that no cleanup has run after, or -1 ([[cleanupDue]]).
-   * Only this engine's own snapshots count: a store that writes none (its files on an instance
-   * ahead of it, or snapshots not due) leaves its cleanup to Spark's maintenance.
+   * The newest snapshot this engine wrote that no cleanup at a version above it has run after,
+   * or -1 ([[cleanupDue]]). Only this engine's own snapshots of the live lineage count: a store
+   * that writes none (its files on an instance ahead of it, or snapshots not due) leaves its
+   * cleanup to Spark's maintenance, and one whose state moves back below its snapshot (a roll-back,
+   * a re-run, a rebuild) forgets it.
    */
   private val uncleanedSnapshot = new java.util.concurrent.atomic.AtomicLong(-1L)
-  /** Taken by [[cleanup]]: Spark's maintenance thread and the snapshot thread may both call it. */
+  /** After the live state moves back to `version` (or is replaced: -1), no snapshot above it counts. */
+  private def forgetUncleanedAbove(version: Long): Unit =
+    uncleanedSnapshot.getAndUpdate(u => if (u > version) -1L else u)
+  /** Taken by [[cleanup]]: Spark's maintenance thread and the provider's cleanup thread may both call it. */
   private val cleanupLock = new Object
 
   /** The version last rebuilt from files, and how long that took. */
@@ -492,7 +497,7 @@ final class StateEngine(
     if (loadEmpty) {
       withSnapshotLock {
         forgetReuse()
-        state = new LiveState(prefixOf, version); newestSnapshot = 0
+        state = new LiveState(prefixOf, version); newestSnapshot = 0; forgetUncleanedAbove(-1)
         lineageIds.clear(); id.foreach(i => lineageIds.put(version, i))
       }
       state
@@ -504,12 +509,14 @@ final class StateEngine(
         st.rollBackTo(version)
         lineageIds.tailMap(version, false).clear()
         if (newestSnapshot > version) newestSnapshot = 0 // that snapshot is of versions being redone
+        forgetUncleanedAbove(version)
       }
       st
     } else {
       val started = System.nanoTime()
       withSnapshotLock {
         forgetReuse()
+        forgetUncleanedAbove(-1)
         state = null
         lineageIds.clear()
         state = rebuild(version, id)
@@ -579,6 +586,7 @@ final class StateEngine(
         files.delete(stale)
       }
       if (newestSnapshot >= newVersion) newestSnapshot = 0
+      forgetUncleanedAbove(baseVersion)
     }
     highestKnownVersion = math.max(highestKnownVersion, newVersion)
     FaultInjection.pause("published", files.journalPath(newVersion, newId, liveBaseId).toString)
@@ -725,9 +733,10 @@ final class StateEngine(
     }
 
   /**
-   * Whether a snapshot this engine wrote is below the live version with no cleanup run since:
-   * then [[cleanup]] has snapshots to thin (the ones before it, down to the chain it keeps), and
-   * the provider runs it on its snapshot thread instead of waiting for Spark's maintenance.
+   * Whether a snapshot this engine wrote is below the live version, and no cleanup ran since at a
+   * version above it: then [[cleanup]] has snapshots to thin (the ones before it, down to the chain
+   * it keeps), and the provider runs it on its cleanup thread instead of waiting for Spark's
+   * maintenance.
    *
    * Spark's maintenance runs every 60 s by default, while a snapshot falls due every
    * `compactionInterval` versions: with batches of a few seconds, a store kept every snapshot of
@@ -790,7 +799,10 @@ final class StateEngine(
     // an abandoned lineage and must not push the retained window past versions still needed.
     val oldestRetained = latest - settings.minVersionsToRetain + 1
     val walk = Lineage.walk(all, latest, liveId)
-    val base = walk.snapshots.filter(_.version <= oldestRetained).map(_.version).maxOption
+    // Never a snapshot a rebuild found damaged: the files below it would go, the older snapshot
+    // the rebuild used in its place among them, and the versions above it with them.
+    val base = walk.snapshots.filter(s => s.version <= oldestRetained && !damagedSnapshots.contains(s.path))
+      .map(_.version).maxOption
     val below = base.toSeq.flatMap(b => all.filter(f => f.version < b || (f.kind == Journal && f.version == b)))
     // The oldest version the lineage's files rebuild from: the base, the empty version 0 when the
     // journals reach it, or else the snapshot where the journals stop.
@@ -885,7 +897,9 @@ final class StateEngine(
     walk.journals.reverse
   }
 
-  def close(): Unit = synchronized { withSnapshotLock { forgetReuse(); state = null; lineageIds.clear() } }
+  def close(): Unit = synchronized {
+    withSnapshotLock { forgetReuse(); forgetUncleanedAbove(-1); state = null; lineageIds.clear() }
+  }
 
   /**
    * Runs `body` holding `snapshotLock`. When a snapshot holds it, a paced (background) one gives

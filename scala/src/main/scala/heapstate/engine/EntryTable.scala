@@ -114,8 +114,10 @@ final class EntryTable(expectedKeys: Int = 16) {
   private var appendedSinceCompaction = 0L
   /** [[evacuate]]'s list of a page's entries: their offsets and their keys' hashes. */
   private var scratchAt, scratchHash = new Array[Int](256)
-  /** Where [[evacuate]] leaves the slots it read ahead, so that the compiler keeps those reads. */
+  /** Where [[evacuate]] and [[readAhead]] leave what they read ahead, so that the compiler keeps those reads. */
   private var readAheadSum = 0L
+  /** [[readAhead]]'s first slots, read before the entries they point to. */
+  private var scratchSlots = new Array[Long](0)
   /**
    * Holes: same-length updates that [[replaceAt]] appended (while updates could not be written in
    * place), each as the slot and slot-array stamp it was made in, the address it appended, and
@@ -195,6 +197,35 @@ final class EntryTable(expectedKeys: Int = 16) {
 
   /** The address of the entry in `slot` (from [[slotOf]], under the same [[stamp]]). */
   def addressAt(slot: Int): Long = slots(slot) & AddressMask
+
+  /**
+   * Reads, for each of `keys(from until until)`, the first slot its probe reads and the head of
+   * the entry that slot points to, without comparing keys: [[slotOf]] then finds both in the
+   * caches. Each is a cache miss in a table of millions of keys (a TLB miss too, at 4M keys), and a
+   * probe makes them one after the other; here the reads of different keys do not wait for each
+   * other, so the core has many misses in flight at once (Java has no prefetch instruction).
+   */
+  def readAhead(keys: Array[Key], from: Int, until: Int): Unit = {
+    val ss = slots
+    val mask = ss.length - 1
+    val ps = pages
+    val n = until - from
+    if (scratchSlots.length < n) scratchSlots = new Array[Long](n)
+    val first = scratchSlots
+    var j = 0
+    while (j < n) { first(j) = ss(keys(from + j).hashCode & mask); j += 1 }
+    var sum = 0L
+    j = 0
+    while (j < n) {
+      val s = first(j)
+      if (holdsEntry(s)) {
+        val page = ps(pageIndex(s))
+        if (page != null) sum += Platform.getInt(page, Platform.BYTE_ARRAY_OFFSET + offsetOf(s))
+      }
+      j += 1
+    }
+    readAheadSum += sum
+  }
 
   /** The slot of `ss` holding the key `length` bytes at `base`/`offset`, or -1. */
   private def findSlot(ss: Array[Long], base: AnyRef, offset: Long, length: Int, hash: Int): Int = {

@@ -199,8 +199,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
 
   /**
    * One background task of this store (a snapshot or a cleanup). Whoever claims it first decides:
-   * the snapshot thread runs it, or a canceller keeps it from ever starting (and, losing the
-   * claim, waits for the end). A failure is logged with `what` and `consequence`.
+   * its thread runs it, or a canceller keeps it from ever starting (and, losing the claim, waits
+   * for the end). A failure is logged with `what` and `consequence`.
    */
   private final class Background(body: () => Unit, what: String, consequence: String) extends Runnable {
     private val claimed = new java.util.concurrent.atomic.AtomicBoolean(false)

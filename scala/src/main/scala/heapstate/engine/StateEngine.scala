@@ -799,16 +799,16 @@ final class StateEngine(
     // an abandoned lineage and must not push the retained window past versions still needed.
     val oldestRetained = latest - settings.minVersionsToRetain + 1
     val walk = Lineage.walk(all, latest, liveId)
-    // Never a snapshot a rebuild found damaged: the files below it would go, the older snapshot
-    // the rebuild used in its place among them, and the versions above it with them.
-    val base = walk.snapshots.filter(s => s.version <= oldestRetained && !damagedSnapshots.contains(s.path))
-      .map(_.version).maxOption
+    // Neither the base nor the restart's start is ever a snapshot a rebuild found damaged: with it
+    // as the base, the files below it would go, the older snapshot the rebuild used in its place
+    // among them, and the versions above it with them.
+    val trusted = walk.snapshots.filterNot(s => damagedSnapshots.contains(s.path))
+    val base = trusted.filter(_.version <= oldestRetained).map(_.version).maxOption
     val below = base.toSeq.flatMap(b => all.filter(f => f.version < b || (f.kind == Journal && f.version == b)))
     // The oldest version the lineage's files rebuild from: the base, the empty version 0 when the
     // journals reach it, or else the snapshot where the journals stop.
     val floor = base.orElse(if (walk.reachedZero) Some(0L) else walk.snapshots.map(_.version).minOption)
-    val restartFrom =
-      walk.snapshots.filter(s => s.version < latest && !damagedSnapshots.contains(s.path)).map(_.version).maxOption
+    val restartFrom = trusted.filter(_.version < latest).map(_.version).maxOption
     val between = (floor, restartFrom) match {
       case (Some(f), Some(r)) if !all.exists(_.version > latest) =>
         val candidates = walk.snapshots.filter(s => s.version > f && s.version < r).sortBy(_.version)

@@ -15,6 +15,9 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
   private def files(root: String): Seq[String] =
     Option(storeDir(root).listFiles).toSeq.flatten.map(_.getName).filterNot(_.startsWith(".")).sorted
   private def snapshots(root: String): Seq[String] = files(root).filter(_.endsWith(".hs-snapshot"))
+  /** The versions of the journals in `root`'s store, in order. */
+  private def journalVersions(root: String): Seq[Int] =
+    files(root).filter(_.endsWith(".hs-journal")).map(_.stripSuffix(".hs-journal").toInt).sorted
 
   /**
    * Commits versions 1 to `n` on `p`, version v + 1 putting key v % 7 = v, and calls `after`
@@ -170,13 +173,13 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     var mostJournals = 0
     val byVersion = commitModSeven(p, 40) {
       p.doMaintenance()
-      mostJournals = math.max(mostJournals, files(root).count(_.endsWith(".hs-journal")))
+      mostJournals = math.max(mostJournals, journalVersions(root).size)
     }
     assert(mostJournals <= 11, s"$mostJournals journals at most: ${files(root)}")
     // At version 40 the oldest retained version is 33: base 32, then 36 (the farthest within 4 of
     // it), 38 (a restart's start) and 40; 34 is gone, and journals 33 to 40 stay.
     assert(snapshots(root) == Seq("32.hs-snapshot", "36.hs-snapshot", "38.hs-snapshot", "40.hs-snapshot"))
-    assert(files(root).count(_.endsWith(".hs-journal")) == 8, files(root))
+    assert(journalVersions(root).size == 8, files(root))
     p.close()
     assertRebuilt(root, 33L to 40L, byVersion)
   }
@@ -195,7 +198,7 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     // The oldest retained version is 15: base 14; the restart's snapshot is 28. From 14, the
     // farthest within 8 is 22, and 28 is within 8 of 22: 16, 18, 20, 24 and 26 go.
     assert(snapshots(root) == Seq("14.hs-snapshot", "22.hs-snapshot", "28.hs-snapshot", "30.hs-snapshot"))
-    assert(files(root).filter(_.endsWith(".hs-journal")) == (15 to 30).map(v => s"$v.hs-journal").sortBy(identity))
+    assert(journalVersions(root) == (15 to 30), files(root))
     p.close()
     assertRebuilt(root, 15L to 30L, byVersion)
   }
@@ -263,7 +266,7 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
       val expected = if (newest == 0) Nil else if (v == newest && v > 3) Seq(newest - 3, newest) else Seq(newest)
       assert(seen(v - 1) == expected.map(n => s"$n.hs-snapshot").sortBy(identity), s"after version $v")
     }
-    assert(files(root).filter(_.endsWith(".hs-journal")) == (1 to 31).map(v => s"$v.hs-journal").sortBy(identity))
+    assert(journalVersions(root) == (1 to 31), files(root))
     p.close()
     assertRebuilt(root, 0L to 31L, byVersion)
   }
@@ -280,7 +283,7 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
       p.awaitBackground()
       version += 1
       val kept = snapshots(root).map(_.stripSuffix(".hs-snapshot").toInt).sorted
-      val journals = files(root).filter(_.endsWith(".hs-journal")).map(_.stripSuffix(".hs-journal").toInt).sorted
+      val journals = journalVersions(root)
       mostJournals = math.max(mostJournals, journals.size)
       // Every version retained is rebuilt from the empty version 0 or a snapshot kept at or below
       // the oldest of them, and the journals above it, all kept.
@@ -317,7 +320,7 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
       val s = fresh.getStore(v, None, false, false); put(s, v % 7, v); s.commit(); more((v % 7).toLong) = v
     }
     fresh.doMaintenance()
-    assert(files(root).filter(_.endsWith(".hs-journal")) == (4 to 9).map(v => s"$v.hs-journal").sortBy(identity))
+    assert(journalVersions(root) == (4 to 9), files(root))
     assert(snapshots(root).contains("3.hs-snapshot"), files(root))
     fresh.close()
     assertRebuilt(root, 7L to 9L, byVersion ++ Map(9L -> more.toMap, 8L -> (byVersion(7) + (0L -> 7L))))

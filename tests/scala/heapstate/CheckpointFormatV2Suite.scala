@@ -101,6 +101,35 @@ class CheckpointFormatV2Suite extends AnyFunSuite {
     assert(versions.min >= 20, files(root))
   }
 
+  test("format v2: cleanups after the store's own snapshots keep every retained version of the named lineage") {
+    val root = tempDir()
+    // No maintenance: only the cleanups commits hand to the background once a snapshot is below
+    // the live version. Every fourth version also has an attempt Spark does not keep (a retried
+    // task), committed first, whose snapshot may be written too.
+    val p = provider(root, V2Compact2, minVersionsToRetain = 6)
+    val rnd = new scala.util.Random(11)
+    var model = Map.empty[Long, Long]
+    val kept = scala.collection.mutable.Map(0L -> (Option.empty[String], model))
+    for (v <- 0L until 30L) {
+      val id = kept(v)._1
+      if (v % 4 == 1) { commit(p, v, id, (99L, v)); p.awaitBackground() }
+      val changes = Seq.fill(4)((rnd.nextInt(12).toLong, if (rnd.nextInt(4) == 0) -1L else rnd.nextInt(1000).toLong))
+      val info = commit(p, v, id, changes: _*)
+      model = apply(model, changes: _*)
+      kept(v + 1) = (info.stateStoreCkptId, model)
+      p.awaitBackground()
+    }
+    // Versions 25 to 30 are retained; the snapshots kept are at most 6 / 2 = 3 apart, so nothing
+    // below version 21 is needed, and without the cleanups every file from version 1 would stay.
+    val versions = files(root).map(_.takeWhile(_.isDigit).toLong)
+    assert(versions.min >= 21 && versions.max == 30, files(root))
+    p.close()
+    for (v <- 25L to 30L) {
+      val (id, state) = kept(v)
+      assert(contents(provider(root, V2).getReadStore(v, id)) == state, s"version $v")
+    }
+  }
+
   test("zombie, format v2: two executors commit one version at once; the version Spark keeps loads exactly") {
     for (_ <- 0 until 20) zombieV2()
   }

@@ -266,6 +266,27 @@ def test_cpu_by_batch_cuts_at_the_batches_of_the_chosen_round(
         cpu_by_batch.run_batches(path, "hdfs@5000#2")
 
 
+def test_cpu_by_batch_report_cuts_at_the_round_its_command_line_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``report --round`` reaches the batches it names: a round the run lacks is refused before
+    the recording is read (any file stands in for the JDK's jfr tool and the recording)."""
+    import cpu_by_batch
+
+    path = tmp_path / "w5.json"
+    path.write_text(json.dumps(_w5_rounds_report(True)))
+    recording = tmp_path / "worker.jfr"
+    recording.write_bytes(b"")
+    monkeypatch.setattr(cpu_by_batch.shutil, "which", lambda _: sys.executable)
+    args = ["report", "--recording", str(recording), "--report", str(path), "--run", "hdfs@10000"]
+    with pytest.raises(SystemExit) as missing:
+        cpu_by_batch.main([*args, "--round", "2"])
+    assert str(missing.value) == f"run 'hdfs@10000' of {path} has no round 2; its rounds: 3"
+    with pytest.raises(SystemExit) as default:
+        cpu_by_batch.main(args)
+    assert str(default.value) == f"run 'hdfs@10000' of {path} has no round 1; its rounds: 3"
+
+
 def test_unknown_benchmark_is_refused() -> None:
     with pytest.raises(ValueError, match=r"x\.json: 'benchmark' is 'W9'; expected one of W1"):
         results_table.rows_from_report({"benchmark": "W9"}, Path("x.json"))

@@ -166,10 +166,10 @@ object RestartLoad {
   private val keyProj = ThreadLocal.withInitial(() => UnsafeProjection.create(keySchema))
   private val valueProj = ThreadLocal.withInitial(() => UnsafeProjection.create(valueSchema))
   private[bench] def key(k: Long): UnsafeRow = keyProj.get()(InternalRow(k)).copy()
-  private[bench] def value(k: Long, version: Int): UnsafeRow = {
+  private[bench] def value(k: Long, version: Int, payload: Int = 256): UnsafeRow = {
     // Random-looking hex, like W1's sha2 payload: it compresses to about half, not to nothing.
     val rnd = new java.util.SplittableRandom(k * 1000003L + version)
-    val hex = Array.fill[Byte](256)("0123456789abcdef".charAt(rnd.nextInt(16)).toByte)
+    val hex = Array.fill[Byte](payload)("0123456789abcdef".charAt(rnd.nextInt(16)).toByte)
     valueProj.get()(InternalRow(UTF8String.fromBytes(hex), true, version.toLong)).copy()
   }
 

@@ -17,6 +17,10 @@ import java.nio.file.Files
  * snapshot (compressed whole, not timed) the commit writes (`StateEngine.BulkLoadSnapshotBytes`).
  * With `--keys` small enough for a state under 4 MiB, the first forced snapshot has nothing to
  * copy from.
+ *
+ * `--updates` (2,500) keys change in each version, with values of `--payload` (256) hex characters.
+ * One of W5's four stores at K=4M is `--keys 1000000 --updates 2500 --payload 64 --interval 10`
+ * (`--keys 250000` at 1M).
  * {{{
  *   bin/sbt "bench/runMain heapstate.bench.SnapshotWrite"
  *   bin/sbt "bench/runMain heapstate.bench.SnapshotWrite --keys 250000 --runs 5 --interval 10"
@@ -31,7 +35,8 @@ object SnapshotWrite {
     val runs = opts.getOrElse("runs", "5").toInt
     val interval = opts.getOrElse("interval", "2").toInt
     require(interval >= 2, "--interval must be at least 2: a plain commit between snapshots")
-    val updates = 2500
+    val updates = opts.getOrElse("updates", "2500").toInt
+    val payload = opts.getOrElse("payload", "256").toInt
     val root = Files.createTempDirectory("snapshot-write")
     val base = Providers.find(_.name == "heapstate").get
     val confs = opts.get("bucket-bytes").map(heapstate.HeapStateConf.SnapshotBucketBytes.key -> _) ++
@@ -40,25 +45,25 @@ object SnapshotWrite {
     val provider = RestartLoad.open(p, root.toString, 0)
     try {
       val first = provider.getStore(0)
-      for (k <- 0 until keys) first.put(RestartLoad.key(k), RestartLoad.value(k, 0))
+      for (k <- 0 until keys) first.put(RestartLoad.key(k), RestartLoad.value(k, 0, payload))
       first.commit()
       val rnd = new java.util.Random(1)
-      val plain, forced = Seq.newBuilder[Long]
+      val plain, forced = Seq.newBuilder[Double]
       for (v <- 1 to interval * runs) {
         val force = v % interval == 0
         val store = provider.getStore(v.toLong, None, forceSnapshotOnCommit = force, loadEmpty = false)
         for (_ <- 0 until updates) {
-          val k = rnd.nextInt(keys).toLong; store.put(RestartLoad.key(k), RestartLoad.value(k, v))
+          val k = rnd.nextInt(keys).toLong; store.put(RestartLoad.key(k), RestartLoad.value(k, v, payload))
         }
         val started = System.nanoTime()
         store.commit()
-        val ms = (System.nanoTime() - started) / 1000000
+        val ms = (System.nanoTime() - started) / 1e6
         (if (force) forced else plain) += ms
-        println(s"version ${v + 1}: commit ${if (force) "with a snapshot" else "alone"} $ms ms")
+        println(f"version ${v + 1}: commit ${if (force) "with a snapshot" else "alone"} $ms%.2f ms")
       }
       val (a, s) = (median(plain.result()), median(forced.result()))
-      println(
-        f"%nSnapshot of $keys%,d keys: commit with it $s ms, alone $a ms (medians of $runs): the snapshot ${s - a} ms")
+      println(f"%nSnapshot of $keys%,d keys: commit with it $s%.2f ms, alone $a%.2f ms (medians of $runs): " +
+        f"the snapshot ${s - a}%.2f ms")
     } finally {
       provider.close()
       deleteRecursively(root.toFile)

@@ -119,10 +119,10 @@ class CheckpointFormatV2Suite extends AnyFunSuite {
       kept(v + 1) = (info.stateStoreCkptId, model)
       p.awaitBackground()
     }
-    // Versions 25 to 30 are retained; the snapshots kept are at most 6 / 2 = 3 apart, so nothing
-    // below version 21 is needed, and without the cleanups every file from version 1 would stay.
+    // Versions 25 to 30 are retained, and the snapshot they are rebuilt from lies at most 6 / 2 = 3
+    // versions below 25: nothing below 22 may stay. Without the cleanups, every file from 1 would.
     val versions = files(root).map(_.takeWhile(_.isDigit).toLong)
-    assert(versions.min >= 21 && versions.max == 30, files(root))
+    assert(versions.min >= 22 && versions.max == 30, files(root))
     p.close()
     for (v <- 25L to 30L) {
       val (id, state) = kept(v)

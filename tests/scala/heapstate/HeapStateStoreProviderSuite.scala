@@ -208,17 +208,14 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     val every3 = Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "3")
     val behind = provider(root, every3, minVersionsToRetain = 100)
     behind.cleanupAfterSnapshots = false // its only cleanup is the one below
-    for (v <- 0 until 7) {
-      val s = behind.getStore(v, None, false, false); put(s, v, v); s.commit(); behind.doSnapshotMaintenance()
-    }
+    commitModSeven(behind, 7)(behind.doSnapshotMaintenance()) // keys 0 to 6 = their version - 1
     assert(snapshots(root) == Seq("3.hs-snapshot", "6.hs-snapshot"))
     // Another instance of the store (a task moved to another executor) goes on to version 9.
     // Its commit of version 9 makes a snapshot due, which it writes in the background: wait for
     // it, so that what follows does not depend on which thread is faster.
     val ahead = provider(root, every3, minVersionsToRetain = 100)
     for (v <- 7 until 9) { val s = ahead.getStore(v, None, false, false); put(s, v, v); s.commit() }
-    val deadline = System.nanoTime() + 30L * 1000 * 1000 * 1000
-    while (!snapshots(root).contains("9.hs-snapshot") && System.nanoTime() < deadline) Thread.sleep(20)
+    ahead.awaitBackground()
     behind.doCleanupMaintenance()
     assert(
       snapshots(root) == Seq("3.hs-snapshot", "6.hs-snapshot", "9.hs-snapshot"),

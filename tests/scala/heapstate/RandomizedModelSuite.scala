@@ -20,8 +20,11 @@ class RandomizedModelSuite extends AnyFunSuite {
   /**
    * `pagesFrom`: the providers' change sets move puts to pages from this many changes, when their
    * batch began on an empty state (`ChangeSet`'s "Large first batches"); None keeps the default.
+   * `offLocal`: the stores take their directory for one off the local disk (Spark's
+   * FileContext-based checkpoint manager named, its default for HDFS and object stores), with
+   * 64-byte snapshot buckets; returns how many buckets their snapshots copied.
    */
-  private def runOne(seed: Long, pagesFrom: Option[Int] = None): Unit = {
+  private def runOne(seed: Long, pagesFrom: Option[Int] = None, offLocal: Boolean = false): Long = {
     val rng = new Random(seed)
     def provider(root: String, confs: Map[String, String], minVersionsToRetain: Int): HeapStateStoreProvider = {
       val p = StoreFixture.provider(root, confs, minVersionsToRetain = minVersionsToRetain)
@@ -35,9 +38,15 @@ class RandomizedModelSuite extends AnyFunSuite {
       "spark.sql.streaming.stateStore.heapstate.undoVersions" -> rng.nextInt(4).toString,
       "spark.sql.streaming.stateStore.heapstate.compressionCodec" -> Seq("zstd", "lz4", "snappy", "none")(
         rng.nextInt(4))
-    )
+    ) ++ (if (!offLocal) Map.empty
+          else Map(
+            heapstate.io.StateFiles.FileManagerClassKey ->
+              "org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager",
+            "spark.sql.streaming.stateStore.heapstate.snapshotBucketBytes" -> "64"
+          ))
     val keySpace = 20 + rng.nextInt(300)
     var p = provider(root, confs, minVersionsToRetain = minRetain)
+    var copied = 0L // by the providers closed so far
     // committed(v) = the state at version v of the current lineage
     val committed = mutable.Map[Long, Map[Long, Long]](0L -> Map.empty)
     var latest = 0L
@@ -93,7 +102,8 @@ class RandomizedModelSuite extends AnyFunSuite {
         } else if (roll < 91) {
           val retained = committed.keys.toSeq.sorted
           val target = retained(rng.nextInt(retained.size))
-          store.abort(); p.close(); p = provider(root, confs, minVersionsToRetain = minRetain)
+          store.abort(); copied += p.snapshotBucketsCopied; p.close()
+          p = provider(root, confs, minVersionsToRetain = minRetain)
           open(target); s"new provider at $target"
         } else {
           store.abort()
@@ -107,6 +117,9 @@ class RandomizedModelSuite extends AnyFunSuite {
     for ((v, state) <- committed) {
       assert(contents(fresh.getReadStore(v, None)) == state, s"seed $seed: fresh read of version $v")
     }
+    val total = copied + p.snapshotBucketsCopied
+    store.abort(); p.close(); fresh.close()
+    total
   }
 
   private def seeds: Seq[Long] =
@@ -118,6 +131,19 @@ class RandomizedModelSuite extends AnyFunSuite {
       try runOne(seed)
       catch { case e: Throwable => Console.err.println(s"RandomizedModelSuite failed with seed $seed"); throw e }
     }
+  }
+
+  test(
+    s"random operations match a Map model off the local disk, snapshots copying from local copies ($steps steps per seed)") {
+    var copied = 0L
+    for (seed <- seeds) {
+      info(s"seed $seed")
+      try copied += runOne(seed, offLocal = true)
+      catch {
+        case e: Throwable => Console.err.println(s"RandomizedModelSuite (off local) failed with seed $seed"); throw e
+      }
+    }
+    assert(copied > 0, "no snapshot copied a bucket from a local copy: the test did not test that")
   }
 
   test(s"random operations match a Map model, puts moved to pages from 1 to 4 changes ($steps steps per seed)") {

@@ -263,8 +263,7 @@ class SnapshotReuseSuite extends AnyFunSuite {
     assert(engine.reuseAccountBytes == 0)
   }
 
-  test(
-    "a snapshot whose base file is damaged, gone or off the local disk compresses every bucket, and holds its version") {
+  test("a snapshot whose base file is damaged or gone compresses every bucket, and holds its version") {
     def run(conf: Configuration)(spoil: (StateFiles, StateFileNames.StateFile) => Unit): (Long, Long) = {
       val files = new StateFiles(new Path(StoreFixture.tempDir(), "store"), conf, 0)
       val engine = new StateEngine(files, EngineSettings(100, Codec.Zstd, 2, 1000, snapshotBucketBytes = 256), None)
@@ -298,11 +297,145 @@ class SnapshotReuseSuite extends AnyFunSuite {
     assert(damaged == 0)
     val (gone, _) = run(new Configuration())((files, f) => files.delete(f.path))
     assert(gone == 0)
-    val remote = new Configuration()
-    remote.set(StateFiles.FileManagerClassKey,
-      "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager")
-    val (offLocal, accounts) = run(remote)((_, _) => ())
-    assert(offLocal == 0 && accounts == 0, "off the local disk nothing is copied and no account is kept")
+  }
+
+  /** A Hadoop configuration under which a store's directory counts as off the local disk. */
+  private def offLocal(): Configuration = {
+    val conf = new Configuration()
+    conf.set(StateFiles.FileManagerClassKey,
+      "org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager")
+    conf
+  }
+
+  /** An engine over `dir` with 256-byte buckets and its model: `commit(v)(keys)` sets each key to key + v. */
+  private final class Store(dir: Path, conf: Configuration) {
+    val files = new StateFiles(dir, conf, 0)
+    val engine = new StateEngine(files, EngineSettings(100, Codec.Zstd, 2, 1000, snapshotBucketBytes = 256), None)
+    var model = Map.empty[Long, Long]
+    def commit(v: Long)(keys: Seq[Long]): Unit = {
+      engine.ensureAt(v)
+      val cs = new ChangeSet(engine.live)
+      keys.foreach { k =>
+        val key = Key(keyOf(k))
+        cs.put(key, Entry(key.bytes, java.nio.ByteBuffer.allocate(8).putLong(k + v).array()))
+        model += k -> (k + v)
+      }
+      engine.commit(v, cs)
+    }
+    def snapshotFile(v: Long): StateFileNames.StateFile =
+      files.list().find(f => f.kind == StateFileNames.Snapshot && f.version == v).get
+    def bytesOf(f: StateFileNames.StateFile): Seq[Byte] =
+      java.nio.file.Files.readAllBytes(new java.io.File(f.path.toUri.getPath).toPath).toSeq
+    /** The local copies the store keeps, by name, and their bytes. */
+    def copies: Map[String, Seq[Byte]] =
+      files.copyDirectory.toSeq.flatMap(d => Option(d.listFiles()).toSeq.flatten)
+        .map(f => f.getName -> java.nio.file.Files.readAllBytes(f.toPath).toSeq).toMap
+  }
+
+  test("off the local disk, a snapshot copies unchanged buckets from a local copy of its base, which close deletes") {
+    val store = new Store(new Path(StoreFixture.tempDir(), "store"), offLocal())
+    import store._
+    assert(!files.isLocal)
+    engine.ensureAt(0)
+    commit(0)(0L until 5000L)
+    assert(engine.snapshotIfDue(force = true).contains(1))
+    assert(engine.snapshotBucketsReused == 0)
+    val first = snapshotFile(1)
+    assert(copies == Map(first.path.getName -> bytesOf(first)), "the copy is not the snapshot, byte for byte")
+    commit(1)(Seq(7L, 8L))
+    commit(2)(Seq(9L, 5000L))
+    assert(engine.snapshotIfDue(force = true).contains(3))
+    val reused = engine.snapshotBucketsReused
+    assert(reused > 0, "nothing was copied from the local copy of snapshot 1")
+    val third = snapshotFile(3)
+    assertHolds(files, third, model)
+    val fresh = new StateFiles(new Path(StoreFixture.tempDir(), "fresh"), new Configuration(), 0)
+    fresh.writeSnapshot(3, Codec.Zstd, 256)(w => engine.live.writeSnapshotView(3, w.putEntry(_, _, _)))
+    assert(bytesOf(third) == bytesOf(fresh.list().head))
+    assert(copies == Map(third.path.getName -> bytesOf(third)), "the copy of snapshot 1 was not replaced by 3's")
+    val dir = files.copyDirectory.get
+    engine.close()
+    assert(!dir.exists(), s"close left $dir")
+  }
+
+  test("off the local disk, a damaged or missing local copy makes the next snapshot compress every bucket") {
+    for ((what, spoil) <- Seq[(String, java.io.File => Unit)](
+        "damaged" -> { f =>
+          val raf = new java.io.RandomAccessFile(f, "rw")
+          try { raf.seek(f.length / 2); raf.write(raf.read() ^ 0xff) }
+          finally raf.close()
+        },
+        "truncated" -> { f =>
+          val raf = new java.io.RandomAccessFile(f, "rw");
+          try raf.setLength(f.length - 1)
+          finally raf.close()
+        },
+        "deleted" -> { f => assert(f.delete()) }
+      )) {
+      val store = new Store(new Path(StoreFixture.tempDir(), "store"), offLocal())
+      import store._
+      engine.ensureAt(0)
+      commit(0)(0L until 5000L)
+      engine.snapshotIfDue(force = true)
+      commit(1)(Seq(7L, 8L))
+      files.copyDirectory.get.listFiles().foreach(spoil)
+      assert(engine.snapshotIfDue(force = true).contains(2))
+      assert(engine.snapshotBucketsReused == 0, s"buckets were copied from a $what local copy")
+      assertHolds(files, snapshotFile(2), model)
+      // The snapshot just written is the next one's base again.
+      assert(copies == Map(snapshotFile(2).path.getName -> bytesOf(snapshotFile(2))))
+      engine.close()
+    }
+  }
+
+  test("off the local disk, a restart loads from a local copy of its snapshot, and its first snapshot copies from it") {
+    val dir = new Path(StoreFixture.tempDir(), "store")
+    val first = new Store(dir, offLocal())
+    first.engine.ensureAt(0)
+    first.commit(0)(0L until 20000L)
+    assert(first.engine.snapshotIfDue(force = true).contains(1))
+    for (v <- 1L until 4L) first.commit(v)((v * 7) until 20000L by 401L)
+    first.engine.close()
+    val store = new Store(dir, offLocal())
+    import store._
+    model = first.model
+    engine.ensureAt(4) // snapshot 1 and journals 2 to 4
+    assert(copies == Map(snapshotFile(1).path.getName -> bytesOf(snapshotFile(1))),
+      "the restart kept no copy of the snapshot it loaded")
+    commit(4)(Seq(12345L))
+    engine.live.loadAll()
+    assert(engine.snapshotIfDue(force = true).contains(5))
+    assert(engine.snapshotBucketsReused > 0, "the first snapshot after the restart copied nothing")
+    assertHolds(files, snapshotFile(5), model)
+    assert(copies.keySet == Set(snapshotFile(5).path.getName))
+    engine.close()
+  }
+
+  test("off the local disk, with no room for local copies, snapshots are written and restarts read them") {
+    val dir = new Path(StoreFixture.tempDir(), "store")
+    val saved = System.getProperty("java.io.tmpdir")
+    val blocked = new java.io.File(StoreFixture.tempDir(), "not-a-directory")
+    java.nio.file.Files.write(blocked.toPath, Array[Byte](1))
+    System.setProperty("java.io.tmpdir", blocked.getPath)
+    try {
+      val store = new Store(dir, offLocal())
+      import store._
+      engine.ensureAt(0)
+      commit(0)(0L until 5000L)
+      assert(engine.snapshotIfDue(force = true).contains(1))
+      commit(1)(Seq(7L, 8L))
+      assert(engine.snapshotIfDue(force = true).contains(2))
+      assert(engine.snapshotBucketsReused == 0 && files.copyDirectory.isEmpty)
+      assertHolds(files, snapshotFile(2), model)
+      engine.close()
+      val again = new Store(dir, offLocal())
+      again.engine.ensureAt(2)
+      again.engine.live.loadAll()
+      again.commit(2)(Seq(9L))
+      assert(again.engine.snapshotIfDue(force = true).contains(3))
+      assertHolds(again.files, again.snapshotFile(3), model + (9L -> 11L))
+      again.engine.close()
+    } finally System.setProperty("java.io.tmpdir", saved)
   }
 
   test(

@@ -66,8 +66,12 @@ object StoreFixture {
     val (ks, spec) =
       if (prefixScan) (prefixKeySchema, PrefixKeyScanStateEncoderSpec(prefixKeySchema, 1))
       else (keySchema, NoPrefixKeyStateEncoderSpec(keySchema))
+    // As Spark's session does, the SQL settings go into the Hadoop configuration too (the
+    // checkpoint file manager's class among them).
+    val hadoopConf = new Configuration()
+    confs.foreach { case (k, v) => hadoopConf.set(k, v) }
     p.init(StateStoreId(root, 0, partition), ks, values, spec, false,
-      storeConf(confs, minVersionsToRetain), new Configuration(), false, None)
+      storeConf(confs, minVersionsToRetain), hadoopConf, false, None)
     p
   }
 

@@ -153,6 +153,9 @@ object RestartLoad {
     sql.setConfString("spark.sql.streaming.stateStore.heapstate.compactionInterval", "1000")
     p.confs.foreach { case (k, v) => sql.setConfString(k, v) }
     val conf = new Configuration()
+    // As Spark's session does, the SQL settings go into the Hadoop configuration too (the
+    // checkpoint file manager's class among them).
+    p.confs.foreach { case (k, v) => conf.set(k, v) }
     conf.set("sql.streaming.queryId", UUID.randomUUID().toString)
     conf.set("sql.streaming.runId", UUID.randomUUID().toString)
     val provider = StateStoreProvider.create(p.className)

@@ -18,6 +18,10 @@ import java.nio.file.Files
  * With `--keys` small enough for a state under 4 MiB, the first forced snapshot has nothing to
  * copy from.
  *
+ * `--off-local true` names Spark's FileContext-based checkpoint manager, under which the store
+ * takes its directory for one off the local disk (HDFS, an object store) and copies buckets from
+ * local copies of its snapshots.
+ *
  * `--updates` (2,500) keys change in each version, with values of `--payload` (256) hex characters.
  * One of W5's four stores at K=4M is `--keys 1000000 --updates 2500 --payload 64 --interval 10`
  * (`--keys 250000` at 1M).
@@ -26,9 +30,17 @@ import java.nio.file.Files
  *   bin/sbt "bench/runMain heapstate.bench.SnapshotWrite --keys 250000 --runs 5 --interval 10"
  *   bin/sbt "bench/runMain heapstate.bench.SnapshotWrite --bucket-bytes 32768"
  *   bin/sbt "bench/runMain heapstate.bench.SnapshotWrite --codec none"
+ *   bin/sbt "bench/runMain heapstate.bench.SnapshotWrite --off-local true"
  * }}}
  */
 object SnapshotWrite {
+  /**
+   * Spark's FileContext-based checkpoint manager (its default for HDFS and the object stores):
+   * named, it makes the store treat its directory as off the local disk while the files stay on
+   * this one.
+   */
+  val OffLocalManager = "org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager"
+
   def main(args: Array[String]): Unit = {
     val opts = options(args)
     val keys = opts.getOrElse("keys", "250000").toInt
@@ -40,7 +52,9 @@ object SnapshotWrite {
     val root = Files.createTempDirectory("snapshot-write")
     val base = Providers.find(_.name == "heapstate").get
     val confs = opts.get("bucket-bytes").map(heapstate.HeapStateConf.SnapshotBucketBytes.key -> _) ++
-      opts.get("codec").map(heapstate.HeapStateConf.CompressionCodec.key -> _)
+      opts.get("codec").map(heapstate.HeapStateConf.CompressionCodec.key -> _) ++
+      opts.get("off-local").filter(_ != "false").map(_ =>
+        heapstate.io.StateFiles.FileManagerClassKey -> OffLocalManager)
     val p = base.copy(confs = base.confs ++ confs)
     val provider = RestartLoad.open(p, root.toString, 0)
     try {

@@ -110,6 +110,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
 
   /** The live state's running memory count and the same counted afresh (tests compare them). */
   private[heapstate] def memoryAccounts: (Long, Long) = engine.memoryAccounts
+  /** How many snapshot buckets this provider's store copied instead of compressing (tests). */
+  private[heapstate] def snapshotBucketsCopied: Long = engine.snapshotBucketsReused
 
   override def close(): Unit = if (engine != null) {
     // A queued cleanup never starts, and a running one ends first. (A commit racing the close, a

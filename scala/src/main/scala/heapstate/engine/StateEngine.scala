@@ -654,9 +654,7 @@ final class StateEngine(
           // The base's account, as of `s`: no commit runs while the monitor is held.
           val (base, mine) = reuseLock.synchronized {
             val b = reuseBase
-            // Off the local disk nothing is copied (see openReuseBase): no account to keep.
-            tracking =
-              if (files.isLocal) TouchedBuckets.forState(st.recordBytes, settings.snapshotBucketBytes) else null
+            tracking = TouchedBuckets.forState(st.recordBytes, settings.snapshotBucketBytes)
             val usable = b != null && (b.state eq st) && b.version == newestSnapshot && b.version < st.version
             (if (usable) Some(b.copy(touched = b.touched.copy())) else None, tracking)
           }
@@ -673,7 +671,7 @@ final class StateEngine(
           else new SnapshotPacer(SnapshotPacer.DefaultDutyCycle, () => snapshotLockWanted).wrote
         var writer: SnapshotFileWriter = null
         def write(reuse: BucketReuse): Long =
-          files.writeSnapshot(s, settings.codec, settings.snapshotBucketBytes, id, pace, reuse) { w =>
+          files.writeSnapshot(s, settings.codec, settings.snapshotBucketBytes, id, pace, reuse, keepCopy = true) { w =>
             writer = w
             st.writeSnapshotView(s, w.putEntry(_, _, _))
           }
@@ -705,6 +703,7 @@ final class StateEngine(
       } finally {
         from.foreach(_.close())
         reuseLock.synchronized { if (tracking eq mine) tracking = null }
+        retainCopyOfBase()
         snapshotInProgress = -1
         snapshotLock.unlock()
       }
@@ -712,25 +711,38 @@ final class StateEngine(
   }
 
   /**
-   * Opens the snapshot `base` names, to copy its unchanged buckets, when it is on the local disk
-   * (mapped, not read onto the heap); `None` when it is elsewhere, gone, damaged or not the file
-   * this engine wrote or read (its length or body checksum differs: another attempt at the
-   * version replaced it): the snapshot is then compressed whole, as without a base.
+   * Opens the snapshot `base` names, mapped, to copy its unchanged buckets: on the local disk the
+   * file itself, elsewhere its local copy (see [[StateFiles.openCopy]]). `None` when it is gone,
+   * damaged or not the file this engine wrote or read (its length or body checksum differs:
+   * another attempt at the version replaced it): the snapshot is then compressed whole, as
+   * without a base.
    */
-  private def openReuseBase(base: StateEngine.ReuseBase): Option[SnapshotBuckets] =
-    if (!files.isLocal) None
-    else {
-      def ours(f: StateFile) =
-        f.kind == Snapshot && f.version == base.version && f.id == base.id && f.length == base.fileBytes
-      def same(b: SnapshotBuckets) = b.bodyCrc == base.bodyCrc || { b.close(); false }
-      try files.list().find(ours).flatMap(files.openSnapshot).filter(same)
-      catch {
-        case NonFatal(e) =>
-          log.warn(s"Could not open snapshot ${base.version} of ${files.dir} to copy its unchanged buckets; " +
-            s"compressing every bucket of the next one: $e")
-          None
-      }
+  private def openReuseBase(base: StateEngine.ReuseBase): Option[SnapshotBuckets] = {
+    def ours(f: StateFile) =
+      f.kind == Snapshot && f.version == base.version && f.id == base.id && f.length == base.fileBytes
+    def same(b: SnapshotBuckets) = b.bodyCrc == base.bodyCrc || { b.close(); false }
+    try {
+      val opened =
+        if (files.isLocal) files.list().find(ours).flatMap(files.openSnapshot)
+        else files.openCopy(base.version, base.id, base.fileBytes)
+      opened.filter(same)
+    } catch {
+      case NonFatal(e) =>
+        log.warn(s"Could not open snapshot ${base.version} of ${files.dir} to copy its unchanged buckets; " +
+          s"compressing every bucket of the next one: $e")
+        None
     }
+  }
+
+  /**
+   * Off the local disk, deletes the local copies of snapshots (see [[StateFiles.openCopy]]) but
+   * the base's, which the next snapshot copies from. Called holding `snapshotLock`: no snapshot
+   * is being written, and no rebuild is making a copy.
+   */
+  private def retainCopyOfBase(): Unit = if (!files.isLocal) {
+    val b = reuseLock.synchronized(reuseBase)
+    files.retainCopy(Option(b).map(b => (b.version, b.id)))
+  }
 
   /**
    * Whether a snapshot this engine wrote is below the live version, and no cleanup ran since at a
@@ -868,7 +880,7 @@ final class StateEngine(
               throw new StateFileException(files.snapshotPath(snapshotVersion, wantedId), snapshotVersion,
                 "there is no heapstate snapshot at this version to start from")
             }
-        openSnapshot(snap)
+        openSnapshot(snap, keepCopy = false)._1 // read whole below: no buckets to copy or load later
       }
     chain.foreach(j => applyJournal(st, j))
     st.loadAll() // replayed state serves Spark's state reader, which reads it whole
@@ -898,7 +910,10 @@ final class StateEngine(
   }
 
   def close(): Unit = synchronized {
-    withSnapshotLock { forgetReuse(); forgetUncleanedAbove(-1); state = null; lineageIds.clear() }
+    withSnapshotLock {
+      forgetReuse(); forgetUncleanedAbove(-1); state = null; lineageIds.clear()
+      files.deleteCopies()
+    }
   }
 
   /**
@@ -951,10 +966,11 @@ final class StateEngine(
     var skipped: StateFileException = null
     for (candidate <- candidates) {
       val from = candidate.map(_.version).getOrElse(0L)
-      val opened: Option[LiveState] = candidate match {
-        case None => Some(new LiveState(prefixOf, 0))
+      // The state, and whether a local copy of its snapshot was kept (off the local disk).
+      val opened: Option[(LiveState, Boolean)] = candidate match {
+        case None => Some((new LiveState(prefixOf, 0), false))
         case Some(snap) =>
-          try Some(openSnapshot(snap))
+          try Some(openSnapshot(snap, keepCopy = true))
           catch {
             case e: StateFileException =>
               log.warn(s"Skipping damaged snapshot ${snap.path} (version ${snap.version}) of ${files.dir}; " +
@@ -965,12 +981,12 @@ final class StateEngine(
           }
       }
       opened match {
-        case Some(st) =>
+        case Some((st, copied)) =>
           // The snapshot is the next one's base (see `reuseBase`), with the keys of the journals
           // above it counted as touched: a restart's first snapshot copies what they left alone.
           val loading = st.loadingSnapshot // before the journals, which may load every bucket
           val touched =
-            if (loading == null || !files.isLocal) null
+            if (loading == null || !(files.isLocal || copied)) null
             else new TouchedBuckets(math.min(StateFileFormat.MaxBucketBits, loading.bucketBits + 1))
           walk.journals.takeWhile(_.version > from).reverse.foreach(j => applyJournal(st, j, touched))
           st.version = version
@@ -982,6 +998,7 @@ final class StateEngine(
               reuseBase = StateEngine.ReuseBase(st, from, snap.id, snap.length, loading.bodyCrc, touched)
             }
           }
+          retainCopyOfBase()
           return st
         case None =>
       }
@@ -1003,18 +1020,25 @@ final class StateEngine(
   /**
    * A state at the version of snapshot `file`: a bucketed snapshot (format 2) is checked whole
    * and loaded bucket by bucket as keys are asked for; a format-1 snapshot is read whole now.
+   * With `keepCopy`, off the local disk, a bucketed snapshot is loaded from a local copy when one
+   * can be made (see [[StateFiles.openSnapshotKeepingCopy]]); the second value says whether one
+   * was. Called holding `snapshotLock` then (see [[retainCopyOfBase]]).
    */
-  private def openSnapshot(file: StateFile): LiveState = files.openSnapshot(file) match {
-    case Some(buckets) =>
-      val st = new LiveState(prefixOf, file.version, expectedKeys = math.min(buckets.keyCount, 1L << 29).toInt)
-      st.beginLazy(buckets)
-      st
-    case None =>
-      val st = new LiveState(prefixOf, file.version)
-      files.readEntries(file)(
-        st.loadEntry,
-        _ => throw new StateFileException(file.path, file.version, "a snapshot holds a delete record"))
-      st
+  private def openSnapshot(file: StateFile, keepCopy: Boolean): (LiveState, Boolean) = {
+    val (opened, copied) =
+      if (files.isLocal || !keepCopy) (files.openSnapshot(file), false) else files.openSnapshotKeepingCopy(file)
+    opened match {
+      case Some(buckets) =>
+        val st = new LiveState(prefixOf, file.version, expectedKeys = math.min(buckets.keyCount, 1L << 29).toInt)
+        st.beginLazy(buckets)
+        (st, copied)
+      case None =>
+        val st = new LiveState(prefixOf, file.version)
+        files.readEntries(file)(
+          st.loadEntry,
+          _ => throw new StateFileException(file.path, file.version, "a snapshot holds a delete record"))
+        (st, false)
+    }
   }
 
   /** Applies the journal `file` to `st`, counting its keys in `touched` when given. */

@@ -32,6 +32,72 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
   /** Whether `dir` is on the local disk, where a snapshot is mapped rather than read onto the heap. */
   def isLocal: Boolean = localFs.isDefined
 
+  /**
+   * Off the local disk (HDFS, object stores), the store keeps a copy of the newest snapshot it
+   * wrote or rebuilt from on the local disk, byte for byte the checkpoint's file: the next
+   * snapshot copies its unchanged buckets from that copy, mapped, as a store on the local disk
+   * does from the file itself, and a restart's state loads its buckets from it instead of holding
+   * the snapshot's body on the heap. The copies go in a directory of this store's own under the
+   * JVM's temporary directory (`java.io.tmpdir`, which Spark on YARN sets to the container's),
+   * made when first needed; [[retainCopy]] keeps one, [[deleteCopies]] removes the directory. A
+   * copy that cannot be written costs only what it would have saved: the snapshot is compressed
+   * whole, the state read onto the heap.
+   */
+  private var copyDir: java.io.File = null
+  private var copyDirFailed = false
+
+  /** The directory of the local copies, made now if needed; `None` when it cannot be. */
+  private def copies(): Option[java.io.File] = synchronized {
+    if (copyDir == null && !copyDirFailed) {
+      try {
+        val tmp = java.nio.file.Paths.get(System.getProperty("java.io.tmpdir"))
+        copyDir = java.nio.file.Files.createTempDirectory(tmp, s"heapstate-p$partition-").toFile
+      } catch {
+        case NonFatal(e) =>
+          copyDirFailed = true
+          StateFiles.log.warn(s"Cannot make a directory for local copies of the snapshots of $dir under " +
+            s"java.io.tmpdir; every snapshot of it is compressed whole and read onto the heap: $e")
+      }
+    }
+    Option(copyDir)
+  }
+
+  /** The directory of the local copies, when there is one (tests). */
+  private[heapstate] def copyDirectory: Option[java.io.File] = synchronized(Option(copyDir))
+
+  /** The local copy of the snapshot of `version` (checkpoint id `id`), whether or not it exists. */
+  private def copyFile(version: Long, id: Option[String]): Option[java.io.File] =
+    if (isLocal) None else copies().map(new java.io.File(_, snapshotPath(version, id).getName))
+
+  /**
+   * Opens the local copy of the snapshot of `version` (checkpoint id `id`) mapped, when there is
+   * one of `length` bytes (see [[copyDir]]); errors name the copy.
+   */
+  def openCopy(version: Long, id: Option[String], length: Long): Option[SnapshotBuckets] =
+    copyFile(version, id).filter(f => f.isFile && f.length == length).flatMap { f =>
+      val in = new java.io.FileInputStream(f)
+      try StateFileReader.openSnapshot(in, length, new Path(f.toURI), version, Some(f))
+      finally in.close()
+    }
+
+  /** Deletes every local copy but the one of `keep` (a version and its checkpoint id). */
+  def retainCopy(keep: Option[(Long, Option[String])]): Unit = {
+    val kept = keep.flatMap { case (v, id) => copyFile(v, id) }
+    val dir = synchronized(copyDir)
+    if (dir != null) {
+      Option(dir.listFiles()).toSeq.flatten.filterNot(f => kept.contains(f)).foreach(f => f.delete())
+    }
+  }
+
+  /** Deletes the local copies and their directory (a later snapshot makes a new one). */
+  def deleteCopies(): Unit = synchronized {
+    if (copyDir != null) {
+      Option(copyDir.listFiles()).toSeq.flatten.foreach(_.delete())
+      copyDir.delete()
+      copyDir = null
+    }
+  }
+
   /** Every heapstate file in the directory, by version then kind (journal before snapshot). */
   def list(): Seq[StateFile] = {
     val statuses =
@@ -70,25 +136,32 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
    * an earlier snapshot whose unchanged buckets are copied (see [[SnapshotFileWriter]]).
    */
   def writeSnapshot(version: Long, codec: Codec, bucketBytes: Int, id: Option[String] = None,
-      pace: Int => Unit = _ => (), reuse: BucketReuse = null)(
+      pace: Int => Unit = _ => (), reuse: BucketReuse = null, keepCopy: Boolean = false)(
       entries: SnapshotFileWriter => Unit): Long =
-    writeAtomically(Snapshot, snapshotPath(version, id)) { out =>
+    writeAtomically(Snapshot, snapshotPath(version, id), if (keepCopy) copyFile(version, id) else None) { out =>
       val header = StateFileFormat.Header(StateFileFormat.KindSnapshot, codec, version, partition)
       val writer = new SnapshotFileWriter(out, header, bucketBytes, pace, reuse)
       entries(writer)
       writer.finish()
     }
 
-  /** Writes `path` through an atomic stream: `body` writes the file and returns its size. */
-  private def writeAtomically(kind: Kind, path: Path)(body: java.io.OutputStream => Long): Long = {
+  /**
+   * Writes `path` through an atomic stream: `body` writes the file and returns its size. With
+   * `copy`, the same bytes go to that local file too (see [[copyDir]]), which appears once the
+   * file has.
+   */
+  private def writeAtomically(kind: Kind, path: Path, copy: Option[java.io.File] = None)(
+      body: java.io.OutputStream => Long): Long = {
     if (!dirReady) { fm.mkdirs(dir); dirReady = true }
     // Only a file that does not exist yet may go through `fastFm`: its rename silently keeps an
     // existing target. Overwrites (a re-run version) are rare and take Spark's default manager.
     val out = (if ((fastFm ne fm) && !fastFm.exists(path)) fastFm else fm).createAtomic(path, true)
+    val copying = copy.map(new StateFiles.CopyingOutput(out, _))
     try {
-      val size = body(out)
+      val size = body(copying.getOrElse(out))
       FaultInjection.pause(if (kind == Journal) "journal" else "snapshot", path.toString)
       out.close()
+      copying.foreach(_.publish(size))
       size
     } catch {
       // Any throwable: a journal's body runs the commit's look-ups too (see StateEngine's commit),
@@ -96,6 +169,7 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
       case e: Throwable =>
         try out.cancel()
         catch { case NonFatal(c) => e.addSuppressed(c) }
+        copying.foreach(_.discard())
         throw e
     }
   }
@@ -119,6 +193,55 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
     withInput(file)(in =>
       StateFileReader.openSnapshot(in, file.length, file.path, file.version, localFs.map(_.pathToFile(file.path))))
 
+  /**
+   * [[openSnapshot]], keeping a local copy of `file` off the local disk (see [[copyDir]]): the
+   * file is copied to the local disk whole, then mapped from there; errors name `file`, of which
+   * the copy is every byte. Returns the snapshot and whether its copy was kept. When the copy
+   * cannot be made (or the file is not a bucketed snapshot), `file` is read as [[openSnapshot]]
+   * reads it, and no copy is kept.
+   */
+  def openSnapshotKeepingCopy(file: StateFile): (Option[SnapshotBuckets], Boolean) =
+    copyFile(file.version, file.id).flatMap(download(file, _)) match {
+      case None => (openSnapshot(file), false)
+      case Some(copy) =>
+        val opened =
+          try {
+            val in = new java.io.FileInputStream(copy)
+            try StateFileReader.openSnapshot(in, file.length, file.path, file.version, Some(copy))
+            finally in.close()
+          } catch { case e: Throwable => copy.delete(); throw e }
+        if (opened.isEmpty) copy.delete() // format 1: read onto the heap, nothing to copy from
+        (opened, opened.isDefined)
+    }
+
+  /**
+   * Copies `file` whole to the local file `to`; `None`, with nothing left behind, when it is not
+   * `file.length` bytes or a read or write fails: [[openSnapshot]] then reads `file` and names
+   * what is wrong with it. A file gone since listing is an error naming it, as there.
+   */
+  private def download(file: StateFile, to: java.io.File): Option[java.io.File] = {
+    val tmp = new java.io.File(to.getParentFile, to.getName + ".tmp")
+    try {
+      val copied = withInput(file) { in =>
+        val out = new java.io.BufferedOutputStream(new java.io.FileOutputStream(tmp), StateFileFormat.BufferBytes)
+        try in.transferTo(out)
+        finally out.close()
+      }
+      if (copied != file.length) { tmp.delete(); None }
+      else {
+        java.nio.file.Files.move(tmp.toPath, to.toPath, java.nio.file.StandardCopyOption.REPLACE_EXISTING,
+          java.nio.file.StandardCopyOption.ATOMIC_MOVE)
+        Some(to)
+      }
+    } catch {
+      case e: StateFileException => tmp.delete(); throw e
+      case NonFatal(e) =>
+        tmp.delete()
+        StateFiles.log.warn(s"Could not copy snapshot ${file.path} to $to; reading it onto the heap: $e")
+        None
+    }
+  }
+
   /** Opens `file` for `body` and closes it after; a file gone since listing is named as missing. */
   private def withInput[T](file: StateFile)(body: java.io.InputStream => T): T = {
     val in =
@@ -140,6 +263,55 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
 }
 
 object StateFiles {
+  private val log = org.slf4j.LoggerFactory.getLogger(classOf[StateFiles])
+
+  /**
+   * Writes what a snapshot writes to `out` to the local file `copy` as well, through a temporary
+   * file that [[publish]] renames once `out` is closed. The copy is an aid, never a cause of
+   * failure: once writing it fails, it is given up and `out` alone goes on.
+   */
+  private final class CopyingOutput(out: java.io.OutputStream, copy: java.io.File) extends java.io.OutputStream {
+    private val tmp = new java.io.File(copy.getParentFile, copy.getName + ".tmp")
+    private var local: java.io.OutputStream =
+      try new java.io.BufferedOutputStream(new java.io.FileOutputStream(tmp), StateFileFormat.BufferBytes)
+      catch { case NonFatal(e) => giveUp(e); null }
+    private var written = 0L
+
+    private def giveUp(e: Throwable): Unit = {
+      if (local != null)
+        try local.close()
+        catch { case NonFatal(_) => }
+      local = null
+      tmp.delete()
+      log.warn(s"Could not write the local copy $copy of a snapshot; the next snapshot compresses every bucket: $e")
+    }
+    private def toCopy(write: java.io.OutputStream => Unit): Unit =
+      if (local != null)
+        try write(local)
+        catch { case NonFatal(e) => giveUp(e) }
+
+    override def write(b: Int): Unit = { out.write(b); toCopy(_.write(b)); written += 1 }
+    override def write(b: Array[Byte], off: Int, len: Int): Unit = {
+      out.write(b, off, len); toCopy(_.write(b, off, len)); written += len
+    }
+    override def flush(): Unit = out.flush()
+    /** `out` is closed by its owner; the copy is renamed into place if it holds all `size` bytes. */
+    override def close(): Unit = ()
+
+    def publish(size: Long): Unit = {
+      toCopy(_.close())
+      if (local != null) {
+        local = null
+        if (written != size) tmp.delete()
+        else
+          try java.nio.file.Files.move(tmp.toPath, copy.toPath,
+              java.nio.file.StandardCopyOption.REPLACE_EXISTING, java.nio.file.StandardCopyOption.ATOMIC_MOVE)
+          catch { case NonFatal(e) => giveUp(e) }
+      }
+    }
+    def discard(): Unit = { toCopy(_.close()); local = null; tmp.delete() }
+  }
+
   /** Spark's setting for the checkpoint file manager class; when set, it is always honoured. */
   val FileManagerClassKey = "spark.sql.streaming.checkpointFileManagerClass"
 

@@ -105,6 +105,40 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     assert(contents(provider(root).getReadStore(2, None)) == Map(1L -> 1L, 3L -> 3L))
   }
 
+  test(
+    "a version committed again through a manager that keeps the earlier file is an error naming it; the state stays the earlier one") {
+    // Spark's FileSystem-based manager: on the local disk (a checksummed file system), as on others
+    // whose rename does not replace a file, it keeps the earlier file of a name and reports nothing.
+    val keeps = Map(heapstate.io.StateFiles.FileManagerClassKey ->
+      "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager")
+    val root = tempDir()
+    val confs = keeps + ("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "100")
+    val p = provider(root, confs)
+    val s0 = p.getStore(0, None, false, false); put(s0, 1, 1); s0.commit()
+    val s1 = p.getStore(1, None, false, false); put(s1, 2, 2); s1.commit()
+    // The same batch again with the same output: the file written is the earlier one, byte for byte.
+    val same = p.getStore(1, None, false, false); put(same, 2, 2); same.commit()
+    // Different output this time: the manager keeps the earlier journal of version 2.
+    val retry = p.getStore(1, None, false, false)
+    put(retry, 3, 3)
+    val e = intercept[StateFileException](retry.commit())
+    assert(e.version == 2 && e.path.getName == "2.hs-journal", e.getMessage)
+    assert(e.getMessage.contains("kept the earlier file") && e.getMessage.contains("checkpointFormatVersion=2"),
+      e.getMessage)
+    // Memory and files agree on the earlier attempt's state.
+    assert(contents(p.getStore(2, None, false, false)) == Map(1L -> 1L, 2L -> 2L))
+    assert(contents(provider(root, confs).getReadStore(2, None)) == Map(1L -> 1L, 2L -> 2L))
+    // A manager that replaces files (Spark's FileContext-based one, its default) lets the re-run in.
+    val replaces = Map(
+      heapstate.io.StateFiles.FileManagerClassKey ->
+        "org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager",
+      "spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "100"
+    )
+    val q = provider(root, replaces)
+    val again = q.getStore(1, None, false, false); put(again, 3, 3); again.commit()
+    assert(contents(provider(root, replaces).getReadStore(2, None)) == Map(1L -> 1L, 3L -> 3L))
+  }
+
   test("older retained versions are served after undo runs out, from snapshot and journals") {
     val root = tempDir()
     val p = provider(root,

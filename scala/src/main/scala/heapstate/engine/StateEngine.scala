@@ -565,7 +565,9 @@ final class StateEngine(
     // the TLB (W5 at 4M keys: the changes took 0.19 ms of CPU a commit instead of 0.27; stop 52).
     val collected = st.collect(changes)
     var prepared: PreparedCommit = null
-    val bytes = files.writeJournal(newVersion, settings.codec, newId, liveBaseId) { w =>
+    // In format v2 a re-run writes a file of its own id, and no older file describes it.
+    val rerun = newId.isEmpty && newVersion <= highestKnownVersion
+    val bytes = files.writeJournal(newVersion, settings.codec, newId, liveBaseId, replacing = rerun) { w =>
       val (keys, values) = (collected.keys, collected.values)
       var i = 0
       while (i < keys.length) {
@@ -576,8 +578,7 @@ final class StateEngine(
       prepared = st.prepareCommit(collected)
       prepared.keyDelta
     }
-    // In format v2 a re-run writes a file of its own id, and no older file describes it.
-    if (newId.isEmpty && newVersion <= highestKnownVersion) {
+    if (rerun) {
       // A re-run of this version: a snapshot left by the earlier run no longer describes it.
       val stale = files.snapshotPath(newVersion)
       forgetReuse()

@@ -124,11 +124,11 @@ object StateFileFormat {
     ((b(at) & 0xff) << 24) | ((b(at + 1) & 0xff) << 16) | ((b(at + 2) & 0xff) << 8) | (b(at + 3) & 0xff)
 
   /** Writes the trailer after a body of `bodyBytes` whose stored bytes have checksum `crc`. */
-  private[io] def writeTrailer(raw: OutputStream, bodyBytes: Long, crc: Int): Unit = {
-    val trailer = ByteBuffer.allocate(TrailerBytes)
-    trailer.putLong(bodyBytes).putInt(crc).putInt(EndMagic)
-    raw.write(trailer.array())
-  }
+  private[io] def writeTrailer(raw: OutputStream, bodyBytes: Long, crc: Int): Unit = raw.write(trailer(bodyBytes, crc))
+
+  /** The trailer of a body of `bodyBytes` bytes whose CRC-32C is `crc`. */
+  private[io] def trailer(bodyBytes: Long, crc: Int): Array[Byte] =
+    ByteBuffer.allocate(TrailerBytes).putLong(bodyBytes).putInt(crc).putInt(EndMagic).array()
 
   /** Holds native codec state until closed, or until its owner is collected. */
   private[io] val cleaner: java.lang.ref.Cleaner = java.lang.ref.Cleaner.create()
@@ -282,9 +282,14 @@ final class StateFileWriter(raw: OutputStream, header: StateFileFormat.Header) {
     out.writeLong(records)
     out.writeLong(keyDelta)
     out.close() // finishes the codec frame; ChecksummedOutput keeps `raw` open
-    writeTrailer(raw, body.count, body.crc.getValue.toInt)
+    crc = body.crc.getValue.toInt
+    writeTrailer(raw, body.count, crc)
     HeaderBytes + body.count + TrailerBytes
   }
+
+  private var crc = 0
+  /** The CRC-32C of the body, once [[finish]] wrote it. */
+  def bodyCrc: Int = crc
 }
 
 /**

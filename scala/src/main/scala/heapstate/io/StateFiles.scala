@@ -121,13 +121,58 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
    * the keys the version added minus those it removed, which the file ends with. Returns the
    * file's size in bytes.
    */
-  def writeJournal(version: Long, codec: Codec, id: Option[String], base: Option[String])(
-      records: StateFileWriter => Long): Long =
-    writeAtomically(Journal, journalPath(version, id, base)) { out =>
-      val writer =
-        new StateFileWriter(out, StateFileFormat.Header(StateFileFormat.KindJournal, codec, version, partition))
+  def writeJournal(version: Long, codec: Codec, id: Option[String], base: Option[String], replacing: Boolean = false)(
+      records: StateFileWriter => Long): Long = {
+    val path = journalPath(version, id, base)
+    var writer: StateFileWriter = null
+    val size = writeAtomically(Journal, path) { out =>
+      writer = new StateFileWriter(out, StateFileFormat.Header(StateFileFormat.KindJournal, codec, version, partition))
       writer.finish(records(writer))
     }
+    if (replacing) checkReplaced(path, version, size, writer.bodyCrc)
+    size
+  }
+
+  /**
+   * Checks that the file at `path` is the journal just written over an earlier one (`size` bytes,
+   * its body's checksum `crc`): a checkpoint manager whose rename does not replace an existing
+   * file keeps the earlier one, and Spark's FileSystem-based manager does so without an error
+   * (its `FileSystem.rename` returns false and the target exists). The state on disk would then
+   * be the earlier attempt's while this one's goes on in memory. Reads the file once; only a
+   * version committed again (checkpoint format v1) is checked.
+   */
+  private def checkReplaced(path: Path, version: Long, size: Long, crc: Int): Unit = {
+    val expected = StateFileFormat.trailer(size - StateFileFormat.HeaderBytes - StateFileFormat.TrailerBytes, crc)
+    val last = new Array[Byte](expected.length)
+    var length = 0L
+    val in = fm.open(path)
+    try {
+      val buf = new Array[Byte](StateFileFormat.BufferBytes)
+      var n = in.read(buf)
+      while (n >= 0) {
+        // Keep the last bytes read: the trailer, when the file ends here.
+        if (n >= last.length) System.arraycopy(buf, n - last.length, last, 0, last.length)
+        else if (n > 0) {
+          System.arraycopy(last, n, last, 0, last.length - n)
+          System.arraycopy(buf, 0, last, last.length - n, n)
+        }
+        length += n
+        n = in.read(buf)
+      }
+    } finally in.close()
+    if (length != size || !java.util.Arrays.equals(last, expected)) {
+      val earlier = if (length != size) s"$length bytes, against $size written" else "another body checksum"
+      throw new StateFileException(
+        path,
+        version,
+        s"this version was committed again, but the checkpoint file manager (${fm.getClass.getName}) " +
+          s"kept the earlier file ($earlier): its rename does not replace " +
+          "an existing file. The state on disk would be the earlier attempt's. Use checkpoint format v2 " +
+          "(spark.sql.streaming.stateStore.checkpointFormatVersion=2), whose attempts write files of " +
+          "their own, or a manager that replaces files, such as Spark's FileContext-based one"
+      )
+    }
+  }
 
   /**
    * Writes the snapshot of `version` atomically (see [[writeJournal]]), in buckets of about

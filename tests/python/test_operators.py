@@ -106,6 +106,27 @@ def test_streaming_aggregation_complete_mode(spark: SparkSession, tmp_path: Path
     assert ("b", 2, 8) in run.rows_after_restart()
 
 
+CHECKPOINT_MANAGER = "spark.sql.streaming.checkpointFileManagerClass"
+FILE_CONTEXT_MANAGER = (
+    "org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager"
+)
+
+
+def test_streaming_aggregation_off_the_local_disk(spark: SparkSession, tmp_path: Path) -> None:
+    # A checkpoint manager named: heapstate takes the directory for one off the local disk (HDFS,
+    # an object store), writes each snapshot's bytes to a local copy too, copies unchanged
+    # buckets from that copy, and after the restart copies its snapshot to the local disk and
+    # maps it there. Spark's FileContext-based manager is its default for HDFS and object stores.
+    source = Source("k STRING, v INT", rows_of(AGG_BATCHES))
+    with session_confs(spark, {CHECKPOINT_MANAGER: FILE_CONTEXT_MANAGER}):
+        run = run_on_both_providers(spark, tmp_path, {"in": source}, build_aggregation, "update")
+
+    assert run.batches == aggregation_model(AGG_BATCHES)
+    assert ("a", 4, 15) in run.rows_after_restart()
+    snapshots = sorted(p.name for p in run.checkpoint.glob("state/0/*/*.hs-snapshot"))
+    assert snapshots, "no snapshot was written: the restart read journals alone"
+
+
 AGG_STATE_FORMAT = "spark.sql.streaming.aggregation.stateFormatVersion"
 
 

@@ -137,9 +137,11 @@ class RandomizedModelSuite extends AnyFunSuite {
     s"random operations match a Map model off the local disk, snapshots copying from local copies ($steps steps per seed)") {
     var copied = 0L
     for (seed <- seeds) {
-      info(s"seed $seed")
-      try copied += runOne(seed, offLocal = true)
-      catch {
+      try {
+        val n = runOne(seed, offLocal = true)
+        info(s"seed $seed: $n buckets copied")
+        copied += n
+      } catch {
         case e: Throwable => Console.err.println(s"RandomizedModelSuite (off local) failed with seed $seed"); throw e
       }
     }

@@ -112,6 +112,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
   private[heapstate] def memoryAccounts: (Long, Long) = engine.memoryAccounts
   /** How many snapshot buckets this provider's store copied instead of compressing (tests). */
   private[heapstate] def snapshotBucketsCopied: Long = engine.snapshotBucketsReused
+  /** How many re-run journals the checkpoint manager kept the earlier file of (tests). */
+  private[heapstate] def journalsNotReplaced: Long = engine.journalsNotReplaced
 
   override def close(): Unit = if (engine != null) {
     // A queued cleanup never starts, and a running one ends first. (A commit racing the close, a

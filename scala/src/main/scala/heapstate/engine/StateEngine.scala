@@ -424,6 +424,8 @@ final class StateEngine(
   @volatile private var bucketsReused = 0L
   /** How many snapshot buckets this engine copied from an earlier snapshot instead of compressing them. */
   def snapshotBucketsReused: Long = bucketsReused
+  /** How many re-run journals the checkpoint manager did not replace (see [[StateFiles.writeJournal]]). */
+  def journalsNotReplaced: Long = files.journalsNotReplaced
 
   /** The highest version seen on disk or committed here; a commit at or below it is a re-run. */
   private var highestKnownVersion = 0L
@@ -655,7 +657,9 @@ final class StateEngine(
           // The base's account, as of `s`: no commit runs while the monitor is held.
           val (base, mine) = reuseLock.synchronized {
             val b = reuseBase
-            tracking = TouchedBuckets.forState(st.recordBytes, settings.snapshotBucketBytes)
+            // Nothing to copy from without a local copy off the local disk: no account to keep.
+            tracking =
+              if (files.mayCopy) TouchedBuckets.forState(st.recordBytes, settings.snapshotBucketBytes) else null
             val usable = b != null && (b.state eq st) && b.version == newestSnapshot && b.version < st.version
             (if (usable) Some(b.copy(touched = b.touched.copy())) else None, tracking)
           }
@@ -704,7 +708,8 @@ final class StateEngine(
       } finally {
         from.foreach(_.close())
         reuseLock.synchronized { if (tracking eq mine) tracking = null }
-        retainCopyOfBase()
+        try retainCopyOfBase()
+        catch { case NonFatal(e) => log.warn(s"Could not delete old local copies of snapshots of ${files.dir}: $e") }
         snapshotInProgress = -1
         snapshotLock.unlock()
       }

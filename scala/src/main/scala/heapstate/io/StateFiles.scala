@@ -52,6 +52,7 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
       try {
         val tmp = java.nio.file.Paths.get(System.getProperty("java.io.tmpdir"))
         copyDir = java.nio.file.Files.createTempDirectory(tmp, s"heapstate-p$partition-").toFile
+        StateFiles.copyDirs.add(copyDir)
       } catch {
         case NonFatal(e) =>
           copyDirFailed = true
@@ -61,6 +62,9 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
     }
     Option(copyDir)
   }
+
+  /** Whether a snapshot may be copied from: on the local disk, or with a directory for local copies. */
+  def mayCopy: Boolean = isLocal || synchronized(!copyDirFailed)
 
   /** The directory of the local copies, when there is one (tests). */
   private[heapstate] def copyDirectory: Option[java.io.File] = synchronized(Option(copyDir))
@@ -92,8 +96,8 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
   /** Deletes the local copies and their directory (a later snapshot makes a new one). */
   def deleteCopies(): Unit = synchronized {
     if (copyDir != null) {
-      Option(copyDir.listFiles()).toSeq.flatten.foreach(_.delete())
-      copyDir.delete()
+      StateFiles.deleteDir(copyDir)
+      StateFiles.copyDirs.remove(copyDir)
       copyDir = null
     }
   }
@@ -119,7 +123,9 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
    * checkpoint format v1, a re-run batch commits its version again). `id` and `base` are the
    * checkpoint ids of format v2 (see [[StateFileNames]]). `records` writes the records and returns
    * the keys the version added minus those it removed, which the file ends with. Returns the
-   * file's size in bytes.
+   * file's size in bytes. `replacing`: an earlier file of the name is there (a re-run), and the
+   * file is read back to see whether the checkpoint manager replaced it; a warning names it when
+   * not (see [[replaced]]).
    */
   def writeJournal(version: Long, codec: Codec, id: Option[String], base: Option[String], replacing: Boolean = false)(
       records: StateFileWriter => Long): Long = {
@@ -129,50 +135,50 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
       writer = new StateFileWriter(out, StateFileFormat.Header(StateFileFormat.KindJournal, codec, version, partition))
       writer.finish(records(writer))
     }
-    if (replacing) checkReplaced(path, version, size, writer.bodyCrc)
+    if (replacing && !replaced(path, size, writer.bodyCrc)) {
+      journalsKept += 1
+      StateFiles.log.warn(s"Version $version of $dir was committed again, but the checkpoint file manager " +
+        s"(${fm.getClass.getName}) kept the earlier journal $path: its rename does not replace a file. " +
+        "If this attempt's changes differ from the earlier one's, the files hold the earlier attempt's state " +
+        "while this store goes on with this one's. Checkpoint format v2 " +
+        "(spark.sql.streaming.stateStore.checkpointFormatVersion=2) gives each attempt files of its own; " +
+        "Spark's FileContext-based manager replaces files")
+    }
     size
   }
 
+  @volatile private var journalsKept = 0L
+  /** How many journals written over an earlier file of their name found that file kept (see [[replaced]]). */
+  def journalsNotReplaced: Long = journalsKept
+
   /**
-   * Checks that the file at `path` is the journal just written over an earlier one (`size` bytes,
-   * its body's checksum `crc`): a checkpoint manager whose rename does not replace an existing
-   * file keeps the earlier one, and Spark's FileSystem-based manager does so without an error
-   * (its `FileSystem.rename` returns false and the target exists). The state on disk would then
-   * be the earlier attempt's while this one's goes on in memory. Reads the file once; only a
-   * version committed again (checkpoint format v1) is checked.
+   * Whether the file at `path` is the journal just written over an earlier one (`size` bytes, its
+   * body's checksum `crc`): a checkpoint manager whose rename does not replace an existing file
+   * keeps the earlier one, and Spark's FileSystem-based manager does so without an error (its
+   * `FileSystem.rename` returns false and the target exists). Reads the file's last bytes; only
+   * a version committed again (checkpoint format v1) is checked. A read that fails says nothing
+   * either way: true, with a warning. An attempt that wrote the same changes in another order,
+   * or with another codec, also makes another file: the warning says "if".
    */
-  private def checkReplaced(path: Path, version: Long, size: Long, crc: Int): Unit = {
-    val expected = StateFileFormat.trailer(size - StateFileFormat.HeaderBytes - StateFileFormat.TrailerBytes, crc)
-    val last = new Array[Byte](expected.length)
-    var length = 0L
-    val in = fm.open(path)
+  private def replaced(path: Path, size: Long, crc: Int): Boolean =
     try {
-      val buf = new Array[Byte](StateFileFormat.BufferBytes)
-      var n = in.read(buf)
-      while (n >= 0) {
-        // Keep the last bytes read: the trailer, when the file ends here.
-        if (n >= last.length) System.arraycopy(buf, n - last.length, last, 0, last.length)
-        else if (n > 0) {
-          System.arraycopy(last, n, last, 0, last.length - n)
-          System.arraycopy(buf, 0, last, last.length - n, n)
-        }
-        length += n
-        n = in.read(buf)
-      }
-    } finally in.close()
-    if (length != size || !java.util.Arrays.equals(last, expected)) {
-      val earlier = if (length != size) s"$length bytes, against $size written" else "another body checksum"
-      throw new StateFileException(
-        path,
-        version,
-        s"this version was committed again, but the checkpoint file manager (${fm.getClass.getName}) " +
-          s"kept the earlier file ($earlier): its rename does not replace " +
-          "an existing file. The state on disk would be the earlier attempt's. Use checkpoint format v2 " +
-          "(spark.sql.streaming.stateStore.checkpointFormatVersion=2), whose attempts write files of " +
-          "their own, or a manager that replaces files, such as Spark's FileContext-based one"
-      )
+      val expected =
+        StateFileFormat.trailer(size - StateFileFormat.HeaderBytes - StateFileFormat.TrailerBytes, crc)
+      val found = new Array[Byte](expected.length)
+      val in = fm.open(path)
+      try {
+        in.seek(size - expected.length)
+        var at = 0
+        var n = 0
+        while (at < found.length && n >= 0) { n = in.read(found, at, found.length - at); if (n > 0) at += n }
+        at == found.length && in.read() < 0 && java.util.Arrays.equals(found, expected)
+      } finally in.close()
+    } catch {
+      case _: java.io.EOFException => false // shorter than the one written
+      case NonFatal(e) =>
+        StateFiles.log.warn(s"Could not read back the journal $path written over an earlier one: $e")
+        true
     }
-  }
 
   /**
    * Writes the snapshot of `version` atomically (see [[writeJournal]]), in buckets of about
@@ -249,14 +255,23 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
     copyFile(file.version, file.id).flatMap(download(file, _)) match {
       case None => (openSnapshot(file), false)
       case Some(copy) =>
+        // The copy holds every byte of `file`, but a failure to open or map it may be the local
+        // disk's: `file` is then read as without a copy, and only what is wrong with it is named.
         val opened =
           try {
             val in = new java.io.FileInputStream(copy)
-            try StateFileReader.openSnapshot(in, file.length, file.path, file.version, Some(copy))
+            try Right(StateFileReader.openSnapshot(in, file.length, file.path, file.version, Some(copy)))
             finally in.close()
-          } catch { case e: Throwable => copy.delete(); throw e }
-        if (opened.isEmpty) copy.delete() // format 1: read onto the heap, nothing to copy from
-        (opened, opened.isDefined)
+          } catch { case NonFatal(e) => Left(e) }
+        opened match {
+          case Right(Some(buckets)) => (Some(buckets), true)
+          case Right(None) => copy.delete(); (openSnapshot(file), false) // format 1: read whole, no buckets
+          case Left(e) =>
+            copy.delete()
+            StateFiles.log.warn(s"Could not open the local copy $copy of snapshot ${file.path}; reading the " +
+              s"snapshot itself: $e")
+            (openSnapshot(file), false)
+        }
     }
 
   /**
@@ -309,6 +324,22 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
 
 object StateFiles {
   private val log = org.slf4j.LoggerFactory.getLogger(classOf[StateFiles])
+
+  /**
+   * The directories of local copies of the stores not closed yet, deleted when the JVM exits: an
+   * executor that ends without closing its stores (Spark's doesn't, at its end) leaves none
+   * behind, unless it is killed.
+   */
+  private val copyDirs: java.util.Set[java.io.File] = {
+    val dirs = java.util.concurrent.ConcurrentHashMap.newKeySet[java.io.File]()
+    Runtime.getRuntime.addShutdownHook(new Thread(() => dirs.forEach(d => deleteDir(d)), "heapstate-copies-cleanup"))
+    dirs
+  }
+
+  private def deleteDir(d: java.io.File): Unit = {
+    Option(d.listFiles()).toSeq.flatten.foreach(_.delete())
+    d.delete()
+  }
 
   /**
    * Writes what a snapshot writes to `out` to the local file `copy` as well, through a temporary

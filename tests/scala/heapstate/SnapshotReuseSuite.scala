@@ -353,6 +353,13 @@ class SnapshotReuseSuite extends AnyFunSuite {
     fresh.writeSnapshot(3, Codec.Zstd, 256)(w => engine.live.writeSnapshotView(3, w.putEntry(_, _, _)))
     assert(bytesOf(third) == bytesOf(fresh.list().head))
     assert(copies == Map(third.path.getName -> bytesOf(third)), "the copy of snapshot 1 was not replaced by 3's")
+    // A cleaner of the temporary directory removes the copies: the next snapshot makes the directory again.
+    val removed = files.copyDirectory.get
+    removed.listFiles().foreach(_.delete()); assert(removed.delete())
+    commit(3)(Seq(11L))
+    assert(engine.snapshotIfDue(force = true).contains(4))
+    assertHolds(files, snapshotFile(4), model)
+    assert(copies == Map(snapshotFile(4).path.getName -> bytesOf(snapshotFile(4))))
     val dir = files.copyDirectory.get
     engine.close()
     assert(!dir.exists(), s"close left $dir")

@@ -48,6 +48,10 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
 
   /** The directory of the local copies, made now if needed; `None` when it cannot be. */
   private def copies(): Option[java.io.File] = synchronized {
+    if (copyDir != null && !copyDir.isDirectory) { // removed from outside (a cleaner of /tmp): made again
+      StateFiles.copyDirs.remove(copyDir)
+      copyDir = null
+    }
     if (copyDir == null && !copyDirFailed) {
       try {
         val tmp = java.nio.file.Paths.get(System.getProperty("java.io.tmpdir"))

@@ -375,9 +375,10 @@ object StateFiles {
       out.write(b, off, len); toCopy(_.write(b, off, len)); written += len
     }
     override def flush(): Unit = out.flush()
-    /** `out` is closed by its owner; the copy is renamed into place if it holds all `size` bytes. */
+    /** Nothing: `out` is closed by its owner (see `writeAtomically`), the copy by [[publish]] or [[discard]]. */
     override def close(): Unit = ()
 
+    /** Once `out` is closed: renames the copy into place when it holds all `size` bytes of the file. */
     def publish(size: Long): Unit = {
       toCopy(_.close())
       if (local != null) {
@@ -389,6 +390,7 @@ object StateFiles {
           catch { case NonFatal(e) => giveUp(e) }
       }
     }
+    /** When the file was not written: drops the copy. */
     def discard(): Unit = { toCopy(_.close()); local = null; tmp.delete() }
   }
 

@@ -110,7 +110,7 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     // whose rename does not replace a file, it keeps the earlier file of a name and reports nothing.
     val keeps = Map(
       heapstate.io.StateFiles.FileManagerClassKey ->
-        "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager",
+        StoreFixture.FileSystemManager,
       "spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "100"
     )
     val root = tempDir()
@@ -128,7 +128,7 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     assert(contents(provider(root, keeps).getReadStore(2, None)) == Map(1L -> 1L, 2L -> 2L))
     // A manager that replaces files (Spark's FileContext-based one, its default) lets the re-run in.
     val replaces = keeps + (heapstate.io.StateFiles.FileManagerClassKey ->
-      "org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager")
+      StoreFixture.FileContextManager)
     val q = provider(root, replaces)
     val again = q.getStore(1, None, false, false); put(again, 3, 3); again.commit()
     assert(q.journalsNotReplaced == 0)

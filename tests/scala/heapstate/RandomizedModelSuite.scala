@@ -41,7 +41,7 @@ class RandomizedModelSuite extends AnyFunSuite {
     ) ++ (if (!offLocal) Map.empty
           else Map(
             heapstate.io.StateFiles.FileManagerClassKey ->
-              "org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager",
+              StoreFixture.FileContextManager,
             "spark.sql.streaming.stateStore.heapstate.snapshotBucketBytes" -> "64"
           ))
     val keySpace = 20 + rng.nextInt(300)

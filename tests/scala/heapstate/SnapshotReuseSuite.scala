@@ -264,46 +264,35 @@ class SnapshotReuseSuite extends AnyFunSuite {
   }
 
   test("a snapshot whose base file is damaged or gone compresses every bucket, and holds its version") {
-    def run(conf: Configuration)(spoil: (StateFiles, StateFileNames.StateFile) => Unit): (Long, Long) = {
-      val files = new StateFiles(new Path(StoreFixture.tempDir(), "store"), conf, 0)
-      val engine = new StateEngine(files, EngineSettings(100, Codec.Zstd, 2, 1000, snapshotBucketBytes = 256), None)
-      def value(v: Long) = java.nio.ByteBuffer.allocate(8).putLong(v).array()
-      var model = Map.empty[Long, Long]
-      def commit(v: Long)(keys: Seq[Long]): Unit = {
-        engine.ensureAt(v)
-        val cs = new ChangeSet(engine.live)
-        keys.foreach { k =>
-          val key = Key(keyOf(k)); cs.put(key, Entry(key.bytes, value(k + v))); model += k -> (k + v)
-        }
-        engine.commit(v, cs)
-      }
+    def run(spoil: (StateFiles, StateFileNames.StateFile) => Unit): Long = {
+      val store = new Store(new Path(StoreFixture.tempDir(), "store"), new Configuration())
+      import store._
       engine.ensureAt(0)
       commit(0)(0L until 5000L)
       engine.snapshotIfDue(force = true)
-      val accounts = engine.reuseAccountBytes
       commit(1)(Seq(7L, 8L))
-      spoil(files, files.list().find(_.kind == StateFileNames.Snapshot).get)
+      spoil(files, snapshotFile(1))
       assert(engine.snapshotIfDue(force = true).contains(2))
-      assertHolds(files, files.list().find(f => f.kind == StateFileNames.Snapshot && f.version == 2).get, model)
+      assertHolds(files, snapshotFile(2), model)
       engine.close()
-      (engine.snapshotBucketsReused, accounts)
+      engine.snapshotBucketsReused
     }
-    assert(run(new Configuration())((_, _) => ())._1 > 0, "the control copied nothing")
-    val (damaged, _) = run(new Configuration()) { (_, f) =>
-      val raf = new java.io.RandomAccessFile(new java.io.File(f.path.toUri.getPath), "rw")
-      try { raf.seek(f.length / 2); val b = raf.read(); raf.seek(f.length / 2); raf.write(b ^ 0xff) }
-      finally raf.close()
-    }
-    assert(damaged == 0)
-    val (gone, _) = run(new Configuration())((files, f) => files.delete(f.path))
-    assert(gone == 0)
+    assert(run((_, _) => ()) > 0, "the control copied nothing")
+    assert(run((_, f) => flipMiddleByte(new java.io.File(f.path.toUri.getPath))) == 0)
+    assert(run((files, f) => files.delete(f.path)) == 0)
+  }
+
+  /** Flips every bit of the byte in the middle of `f`. */
+  private def flipMiddleByte(f: java.io.File): Unit = {
+    val raf = new java.io.RandomAccessFile(f, "rw")
+    try { raf.seek(f.length / 2); val b = raf.read(); raf.seek(f.length / 2); raf.write(b ^ 0xff) }
+    finally raf.close()
   }
 
   /** A Hadoop configuration under which a store's directory counts as off the local disk. */
   private def offLocal(): Configuration = {
     val conf = new Configuration()
-    conf.set(StateFiles.FileManagerClassKey,
-      "org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager")
+    conf.set(StateFiles.FileManagerClassKey, StoreFixture.FileContextManager)
     conf
   }
 
@@ -367,11 +356,7 @@ class SnapshotReuseSuite extends AnyFunSuite {
 
   test("off the local disk, a damaged or missing local copy makes the next snapshot compress every bucket") {
     for ((what, spoil) <- Seq[(String, java.io.File => Unit)](
-        "damaged" -> { f =>
-          val raf = new java.io.RandomAccessFile(f, "rw")
-          try { raf.seek(f.length / 2); val b = raf.read(); raf.seek(f.length / 2); raf.write(b ^ 0xff) }
-          finally raf.close()
-        },
+        "damaged" -> flipMiddleByte,
         "truncated" -> { f =>
           val raf = new java.io.RandomAccessFile(f, "rw");
           try raf.setLength(f.length - 1)

@@ -282,7 +282,7 @@ class StateFileFormatSuite extends AnyFunSuite {
     val local = open(new org.apache.hadoop.conf.Configuration())
     val named = new org.apache.hadoop.conf.Configuration()
     named.set(StateFiles.FileManagerClassKey,
-      "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager")
+      StoreFixture.FileSystemManager)
     val viaManager = open(named)
     try {
       assert(local.isMapped && !viaManager.isMapped)

@@ -20,6 +20,16 @@ import org.apache.spark.unsafe.types.UTF8String
 
 /** Builds providers on a temporary directory, and the rows the tests put in them. */
 object StoreFixture {
+  /**
+   * Spark's FileContext-based checkpoint manager (its default for HDFS and object stores) and its
+   * FileSystem-based one: named in `spark.sql.streaming.checkpointFileManagerClass`, either makes a
+   * store take its directory for one off the local disk while the files stay on it. The second
+   * keeps the earlier file of a name a rename would replace.
+   */
+  val FileContextManager =
+    "org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager"
+  val FileSystemManager = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+
   val keySchema: StructType = StructType(Seq(StructField("k", LongType, nullable = false)))
   val valueSchema: StructType = StructType(Seq(StructField("v", LongType, nullable = false)))
   /** For prefix scans: (group string, session start long), prefix = group. */

@@ -82,11 +82,8 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
    * one of `length` bytes (see [[copyDir]]); errors name the copy.
    */
   def openCopy(version: Long, id: Option[String], length: Long): Option[SnapshotBuckets] =
-    copyFile(version, id).filter(f => f.isFile && f.length == length).flatMap { f =>
-      val in = new java.io.FileInputStream(f)
-      try StateFileReader.openSnapshot(in, length, new Path(f.toURI), version, Some(f))
-      finally in.close()
-    }
+    copyFile(version, id).filter(f => f.isFile && f.length == length)
+      .flatMap(f => StateFiles.openMapped(f, length, new Path(f.toURI), version))
 
   /** Deletes every local copy but the one of `keep` (a version and its checkpoint id). */
   def retainCopy(keep: Option[(Long, Option[String])]): Unit = {
@@ -262,11 +259,8 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
         // The copy holds every byte of `file`, but a failure to open or map it may be the local
         // disk's: `file` is then read as without a copy, and only what is wrong with it is named.
         val opened =
-          try {
-            val in = new java.io.FileInputStream(copy)
-            try Right(StateFileReader.openSnapshot(in, file.length, file.path, file.version, Some(copy)))
-            finally in.close()
-          } catch { case NonFatal(e) => Left(e) }
+          try Right(StateFiles.openMapped(copy, file.length, file.path, file.version))
+          catch { case NonFatal(e) => Left(e) }
         opened match {
           case Right(Some(buckets)) => (Some(buckets), true)
           case Right(None) => copy.delete(); (openSnapshot(file), false) // format 1: read whole, no buckets
@@ -284,7 +278,7 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
    * what is wrong with it. A file gone since listing is an error naming it, as there.
    */
   private def download(file: StateFile, to: java.io.File): Option[java.io.File] = {
-    val tmp = new java.io.File(to.getParentFile, to.getName + ".tmp")
+    val tmp = StateFiles.tmpOf(to)
     try {
       val copied = withInput(file) { in =>
         val out = new java.io.BufferedOutputStream(new java.io.FileOutputStream(tmp), StateFileFormat.BufferBytes)
@@ -292,11 +286,7 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
         finally out.close()
       }
       if (copied != file.length) { tmp.delete(); None }
-      else {
-        java.nio.file.Files.move(tmp.toPath, to.toPath, java.nio.file.StandardCopyOption.REPLACE_EXISTING,
-          java.nio.file.StandardCopyOption.ATOMIC_MOVE)
-        Some(to)
-      }
+      else { StateFiles.moveIntoPlace(tmp, to); Some(to) }
     } catch {
       case e: StateFileException => tmp.delete(); throw e
       case NonFatal(e) =>
@@ -340,6 +330,24 @@ object StateFiles {
     dirs
   }
 
+  /** The temporary file a local copy `f` is written to before [[moveIntoPlace]]. */
+  private def tmpOf(f: java.io.File): java.io.File = new java.io.File(f.getParentFile, f.getName + ".tmp")
+
+  /** Renames the whole local copy `tmp` to `to` at once, replacing an older one. */
+  private def moveIntoPlace(tmp: java.io.File, to: java.io.File): Unit =
+    java.nio.file.Files.move(tmp.toPath, to.toPath, java.nio.file.StandardCopyOption.REPLACE_EXISTING,
+      java.nio.file.StandardCopyOption.ATOMIC_MOVE)
+
+  /**
+   * Opens the snapshot in the local file `f` (`length` bytes), mapped, its errors naming `path`
+   * and `version` (see [[StateFileReader.openSnapshot]]).
+   */
+  private def openMapped(f: java.io.File, length: Long, path: Path, version: Long): Option[SnapshotBuckets] = {
+    val in = new java.io.FileInputStream(f)
+    try StateFileReader.openSnapshot(in, length, path, version, Some(f))
+    finally in.close()
+  }
+
   private def deleteDir(d: java.io.File): Unit = {
     Option(d.listFiles()).toSeq.flatten.foreach(_.delete())
     d.delete()
@@ -351,7 +359,7 @@ object StateFiles {
    * failure: once writing it fails, it is given up and `out` alone goes on.
    */
   private final class CopyingOutput(out: java.io.OutputStream, copy: java.io.File) extends java.io.OutputStream {
-    private val tmp = new java.io.File(copy.getParentFile, copy.getName + ".tmp")
+    private val tmp = tmpOf(copy)
     private var local: java.io.OutputStream =
       try new java.io.BufferedOutputStream(new java.io.FileOutputStream(tmp), StateFileFormat.BufferBytes)
       catch { case NonFatal(e) => giveUp(e); null }
@@ -385,8 +393,7 @@ object StateFiles {
         local = null
         if (written != size) tmp.delete()
         else
-          try java.nio.file.Files.move(tmp.toPath, copy.toPath,
-              java.nio.file.StandardCopyOption.REPLACE_EXISTING, java.nio.file.StandardCopyOption.ATOMIC_MOVE)
+          try moveIntoPlace(tmp, copy)
           catch { case NonFatal(e) => giveUp(e) }
       }
     }

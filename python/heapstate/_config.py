@@ -100,6 +100,19 @@ def _one_of(allowed: tuple[str, ...]) -> Callable[[object], str | None]:
     return check
 
 
+def _copy_dirs(value: object) -> str | None:
+    """The check of ``local_copy_dir``: empty (Spark's local directories), ``"none"``, or
+    absolute paths separated by commas, as the provider takes it."""
+    wanted = "must be '', 'none' or absolute local paths separated by commas"
+    if not isinstance(value, str):
+        return f"{wanted}, not {value!r} ({type(value).__name__})"
+    if value.strip() in ("", "none"):
+        return None
+    if any(not os.path.isabs(d.strip()) for d in value.split(",")):
+        return f"{wanted}, not {value!r}"
+    return None
+
+
 @dataclass(frozen=True)
 class _Option:
     key: str
@@ -113,6 +126,7 @@ OPTIONS: Mapping[str, _Option] = {
     "undo_versions": _Option("undoVersions", _int_in(0)),
     "snapshot_bucket_bytes": _Option("snapshotBucketBytes", _int_in(64, 1 << 24)),
     "bulk_load_snapshot_bytes": _Option("bulkLoadSnapshotBytes", _int_in(0, (1 << 31) - 1)),
+    "local_copy_dir": _Option("localCopyDir", _copy_dirs),
 }
 """heapstate's options by Python name. The README's configuration table says what each does."""
 
@@ -138,6 +152,7 @@ def conf_entries(
     undo_versions: int | None = None,
     snapshot_bucket_bytes: int | None = None,
     bulk_load_snapshot_bytes: int | None = None,
+    local_copy_dir: str | None = None,
     **more: Any,
 ) -> dict[str, str]:
     """Return the Spark confs that turn heapstate on with these options (``spark.jars`` aside).
@@ -164,6 +179,7 @@ def conf_entries(
         "undo_versions": undo_versions,
         "snapshot_bucket_bytes": snapshot_bucket_bytes,
         "bulk_load_snapshot_bytes": bulk_load_snapshot_bytes,
+        "local_copy_dir": local_copy_dir,
     }
     entries = {PROVIDER_CONF: PROVIDER_CLASS}
     for name, value in given.items():

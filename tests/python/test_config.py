@@ -247,6 +247,27 @@ def test_conf_entries_lists_provider_then_options() -> None:
             ),
         ),
         (
+            {"local_copy_dir": "relative/dir"},
+            (
+                "heapstate option local_copy_dir must be '', 'none' or absolute local paths "
+                "separated by commas, not 'relative/dir'"
+            ),
+        ),
+        (
+            {"local_copy_dir": "/a,,/b"},
+            (
+                "heapstate option local_copy_dir must be '', 'none' or absolute local paths "
+                "separated by commas, not '/a,,/b'"
+            ),
+        ),
+        (
+            {"local_copy_dir": 5},
+            (
+                "heapstate option local_copy_dir must be '', 'none' or absolute local paths "
+                "separated by commas, not 5 (int)"
+            ),
+        ),
+        (
             {"codec": "gzip"},
             "heapstate option codec must be one of zstd, lz4, snappy, none, not 'gzip'",
         ),
@@ -263,7 +284,7 @@ def test_conf_entries_lists_provider_then_options() -> None:
             (
                 "unknown heapstate option 'compaction_intervall' (did you mean "
                 "'compaction_interval'?); the options are compaction_interval, codec, undo_versions, "
-                "snapshot_bucket_bytes, bulk_load_snapshot_bytes"
+                "snapshot_bucket_bytes, bulk_load_snapshot_bytes, local_copy_dir"
             ),
         ),
         (
@@ -272,7 +293,7 @@ def test_conf_entries_lists_provider_then_options() -> None:
                 "unknown heapstate option 'compactionInterval' (the conf key "
                 "spark.sql.streaming.stateStore.heapstate.compactionInterval is the option "
                 "'compaction_interval'); the options are compaction_interval, codec, undo_versions, "
-                "snapshot_bucket_bytes, bulk_load_snapshot_bytes"
+                "snapshot_bucket_bytes, bulk_load_snapshot_bytes, local_copy_dir"
             ),
         ),
         (
@@ -280,7 +301,7 @@ def test_conf_entries_lists_provider_then_options() -> None:
             (
                 "unknown heapstate option 'spark.sql.shuffle.partitions'; the options are "
                 "compaction_interval, codec, undo_versions, snapshot_bucket_bytes, "
-                "bulk_load_snapshot_bytes"
+                "bulk_load_snapshot_bytes, local_copy_dir"
             ),
         ),
     ],
@@ -312,6 +333,11 @@ def test_boundary_values_are_accepted() -> None:
         assert heapstate.conf_entries(bulk_load_snapshot_bytes=size) == {
             PROVIDER_CONF: HEAPSTATE_PROVIDER,
             PREFIX + "bulkLoadSnapshotBytes": str(size),
+        }
+    for dirs in ("", "none", "/mnt/a", "/mnt/a,/mnt/b"):
+        assert heapstate.conf_entries(local_copy_dir=dirs) == {
+            PROVIDER_CONF: HEAPSTATE_PROVIDER,
+            PREFIX + "localCopyDir": dirs,
         }
 
 

@@ -107,6 +107,7 @@ def test_streaming_aggregation_complete_mode(spark: SparkSession, tmp_path: Path
 
 
 CHECKPOINT_MANAGER = "spark.sql.streaming.checkpointFileManagerClass"
+LOCAL_COPY_DIR = "spark.sql.streaming.stateStore.heapstate.localCopyDir"
 FILE_CONTEXT_MANAGER = (
     "org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager"
 )
@@ -117,14 +118,19 @@ def test_streaming_aggregation_off_the_local_disk(spark: SparkSession, tmp_path:
     # an object store), writes each snapshot's bytes to a local copy too, copies unchanged
     # buckets from that copy, and after the restart copies its snapshot to the local disk and
     # maps it there. Spark's FileContext-based manager is its default for HDFS and object stores.
+    # The copies go under localCopyDir, which the first store to need it makes.
     source = Source("k STRING, v INT", rows_of(AGG_BATCHES))
-    with session_confs(spark, {CHECKPOINT_MANAGER: FILE_CONTEXT_MANAGER}):
+    copies = tmp_path / "copies"
+    confs = {CHECKPOINT_MANAGER: FILE_CONTEXT_MANAGER, LOCAL_COPY_DIR: str(copies)}
+    with session_confs(spark, confs):
         run = run_on_both_providers(spark, tmp_path, {"in": source}, build_aggregation, "update")
 
     assert run.batches == aggregation_model(AGG_BATCHES)
     assert ("a", 4, 15) in run.rows_after_restart()
     snapshots = sorted(p.name for p in run.checkpoint.glob("state/0/*/*.hs-snapshot"))
     assert snapshots, "no snapshot was written: the restart read journals alone"
+    assert copies.is_dir(), "no store made localCopyDir"
+    assert all(d.name.startswith("heapstate-p") for d in copies.iterdir())
 
 
 AGG_STATE_FORMAT = "spark.sql.streaming.aggregation.stateFormatVersion"

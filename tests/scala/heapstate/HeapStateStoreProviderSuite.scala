@@ -7,7 +7,7 @@ import org.apache.spark.sql.types.{LongType, StructField, StructType}
 import org.scalatest.funsuite.AnyFunSuite
 
 import heapstate.StoreFixture._
-import heapstate.io.StateFileException
+import heapstate.io.{StateFileException, StateFiles}
 
 class HeapStateStoreProviderSuite extends AnyFunSuite {
   private val CF = StateStore.DEFAULT_COL_FAMILY_NAME
@@ -482,7 +482,10 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
       "undoVersions" -> "99999999999",
       "bulkLoadSnapshotBytes" -> "-1",
       "bulkLoadSnapshotBytes" -> "4MiB",
-      "bulkLoadSnapshotBytes" -> "99999999999"
+      "bulkLoadSnapshotBytes" -> "99999999999",
+      "localCopyDir" -> "relative/dir",
+      "localCopyDir" -> "/tmp/a,,/tmp/b",
+      "localCopyDir" -> "None"
     )
     // An existing checkpoint, written with valid confs: a rejected conf must leave it as it is.
     val existing = tempDir()
@@ -657,6 +660,60 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     // Each snapshot holds its version on its own: without the journal of version 1 a fresh provider reads both.
     assert(new File(storeDir(root), "1.hs-journal").delete())
     assertRebuilt(root, Seq(1L, 4L), Map(1L -> atOne, 4L -> model))
+  }
+
+  test(
+    "off the local disk, local copies go under localCopyDir, one of its directories a partition, and none turns them off") {
+    val roots = Seq(new File(tempDir(), "a"), new File(tempDir(), "b")) // made when first needed
+    /**
+     * Commits versions 0 to 5 of partition 1, whose snapshot falls due at 6 (phase 2 of 4): the
+     * buckets that snapshot copied, and the directories under each root then.
+     */
+    def run(localCopyDir: String): (Long, Seq[Seq[String]]) = {
+      val p = provider(
+        tempDir(),
+        Map(
+          "spark.sql.streaming.checkpointFileManagerClass" -> StoreFixture.FileContextManager,
+          "spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "4",
+          "spark.sql.streaming.stateStore.heapstate.localCopyDir" -> localCopyDir
+        ),
+        partition = 1
+      )
+      val s0 = p.getStore(0, None, false, false); (0L until 160000L).foreach(k => put(s0, k, k));
+      s0.commit() // a bulk load
+      for (v <- 1 until 6) { val st = p.getStore(v, None, false, false); put(st, v * 1000L, -v); st.commit() }
+      p.doSnapshotMaintenance()
+      assert(Option(storeDir(p.stateStoreId.checkpointRootLocation, 1).list()).toSeq.flatten.contains("6.hs-snapshot"))
+      val s6 = p.getStore(6, None, false, false)
+      val copied = s6.metrics.customMetrics(HeapStateStoreProvider.BucketsCopied)
+      assert(get(s6, 2000L).contains(-2L) && get(s6, 2001L).contains(2001L))
+      s6.abort()
+      val dirs = roots.map(r => Option(r.list()).toSeq.flatten.sorted)
+      p.close()
+      assert(roots.forall(r => Option(r.list()).forall(_.isEmpty)), "close left local copies")
+      (copied, dirs)
+    }
+    val (copied, dirs) = run(roots.mkString(","))
+    assert(copied >= 1021, s"copied $copied buckets")
+    assert(dirs.head.isEmpty && dirs(1).size == 1 && dirs(1).head.startsWith("heapstate-p1-"), dirs)
+    val (none, noDirs) = run("none")
+    assert(none == 0 && noDirs.forall(_.isEmpty), s"copied $none buckets with no local copies")
+  }
+
+  test("Spark's local directories, in the order Spark takes them") {
+    def dirs(conf: Map[String, String], env: Map[String, String]): Seq[String] =
+      StateFiles.sparkLocalDirs(conf.get, env.get).map(_.getPath)
+    val conf = Map("spark.local.dir" -> "/conf1, /conf2")
+    val tmp = System.getProperty("java.io.tmpdir")
+    assert(dirs(Map.empty, Map.empty) == Seq(tmp))
+    assert(dirs(conf, Map.empty) == Seq("/conf1", "/conf2"))
+    assert(dirs(conf, Map("SPARK_LOCAL_DIRS" -> "/l1,/l2")) == Seq("/l1", "/l2"))
+    val standalone = Map("SPARK_LOCAL_DIRS" -> "/l1", "SPARK_EXECUTOR_DIRS" -> s"/e1${File.pathSeparator}/e2")
+    assert(dirs(conf, standalone) == Seq("/e1", "/e2"))
+    // LOCAL_DIRS counts in a YARN container only.
+    assert(dirs(conf, standalone + ("LOCAL_DIRS" -> "/y1,/y2")) == Seq("/e1", "/e2"))
+    assert(dirs(conf, standalone ++ Map("LOCAL_DIRS" -> "/y1,/y2", "CONTAINER_ID" -> "c1")) == Seq("/y1", "/y2"))
+    assert(dirs(Map("spark.local.dir" -> " , "), Map.empty) == Seq(tmp))
   }
 
   test("change feed and replay from a snapshot") {

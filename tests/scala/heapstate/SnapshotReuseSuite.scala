@@ -403,6 +403,37 @@ class SnapshotReuseSuite extends AnyFunSuite {
     engine.close()
   }
 
+  test("off the local disk, a restart whose local copy cannot be opened reads the snapshot itself and keeps no copy") {
+    val dir = new Path(StoreFixture.tempDir(), "store")
+    val first = new Store(dir, offLocal())
+    first.engine.ensureAt(0)
+    first.commit(0)(0L until 20000L)
+    assert(first.engine.snapshotIfDue(force = true).contains(1))
+    first.commit(1)(Seq(5L, 6L))
+    first.engine.close()
+    val store = new Store(dir, offLocal())
+    import store._
+    model = first.model
+    var tried = 0
+    files.mapCopy = (f, _, _, _) => { tried += 1; assert(f.isFile); throw new java.io.IOException(s"no mapping of $f") }
+    engine.ensureAt(2) // snapshot 1 and journal 2
+    assert(tried == 1, "the restart did not try its local copy")
+    assert(copies.isEmpty, "the copy that could not be opened was kept")
+    engine.live.loadAll()
+    assert(engine.live.numKeys == model.size)
+    commit(2)(Seq(7L))
+    assert(engine.snapshotIfDue(force = true).contains(3))
+    assert(engine.snapshotBucketsReused == 0, "buckets were copied with no copy to copy them from")
+    assertHolds(files, snapshotFile(3), model)
+    // The snapshot just written keeps its copy: the next one copies from it.
+    assert(copies == Map(snapshotFile(3).path.getName -> bytesOf(snapshotFile(3))))
+    commit(3)(Seq(8L))
+    assert(engine.snapshotIfDue(force = true).contains(4))
+    assert(engine.snapshotBucketsReused > 0)
+    assertHolds(files, snapshotFile(4), model)
+    engine.close()
+  }
+
   test("off the local disk, with no room for local copies, snapshots are written and restarts read them") {
     val dir = new Path(StoreFixture.tempDir(), "store")
     val saved = System.getProperty("java.io.tmpdir")

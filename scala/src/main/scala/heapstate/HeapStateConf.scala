@@ -14,7 +14,8 @@ final case class HeapStateConf(
     codec: Codec,
     undoVersions: Int,
     snapshotBucketBytes: Int,
-    bulkLoadSnapshotBytes: Int)
+    bulkLoadSnapshotBytes: Int,
+    localCopyDirs: Option[Seq[java.io.File]])
 
 object HeapStateConf {
   val Prefix = "spark.sql.streaming.stateStore.heapstate."
@@ -64,8 +65,19 @@ object HeapStateConf {
       "copies the buckets no later commit changed instead of compressing them all in the steady batches."
   )
 
+  val LocalCopyDir: Entry = Entry(
+    "localCopyDir",
+    "",
+    "empty (Spark's local directories), none, or absolute local paths separated by commas",
+    "Where a store whose checkpoint is off the local disk (HDFS, an object store) keeps a copy of its " +
+      "newest snapshot, so that the next snapshot copies the buckets no commit changed instead of " +
+      "compressing them again, and a restart maps its state's buckets instead of holding them on the " +
+      "heap. Empty: the executor's scratch directories, as Spark chooses them for its own (spark.local.dir, " +
+      "or the cluster manager's); none: no copies."
+  )
+
   val entries: Seq[Entry] =
-    Seq(CompactionInterval, CompressionCodec, UndoVersions, SnapshotBucketBytes, BulkLoadSnapshotBytes)
+    Seq(CompactionInterval, CompressionCodec, UndoVersions, SnapshotBucketBytes, BulkLoadSnapshotBytes, LocalCopyDir)
 
   /** Reads and validates the heapstate keys among `confs`; throws naming the key at fault. */
   def apply(confs: Map[String, String]): HeapStateConf = {
@@ -83,12 +95,21 @@ object HeapStateConf {
       value.toIntOption.filter(v => v >= min && v <= max).getOrElse(throw invalid(e, value))
     }
     val codecName = raw(CompressionCodec)
+    val copyDirs = raw(LocalCopyDir) match {
+      case "" => None
+      case "none" => Some(Nil)
+      case value =>
+        val dirs = value.split(",").map(_.trim).toSeq
+        if (dirs.exists(d => d.isEmpty || !new java.io.File(d).isAbsolute)) throw invalid(LocalCopyDir, value)
+        Some(dirs.map(new java.io.File(_)))
+    }
     HeapStateConf(
       compactionInterval = int(CompactionInterval, 1),
       codec = Codec.byName(codecName).getOrElse(throw invalid(CompressionCodec, codecName)),
       undoVersions = int(UndoVersions, 0),
       snapshotBucketBytes = int(SnapshotBucketBytes, 64, 1 << 24),
-      bulkLoadSnapshotBytes = int(BulkLoadSnapshotBytes, 0)
+      bulkLoadSnapshotBytes = int(BulkLoadSnapshotBytes, 0),
+      localCopyDirs = copyDirs
     )
   }
 }

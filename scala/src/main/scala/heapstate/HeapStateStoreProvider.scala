@@ -4,7 +4,7 @@ import scala.jdk.CollectionConverters._
 import scala.util.control.NonFatal
 
 import org.apache.hadoop.conf.Configuration
-import org.apache.spark.TaskContext
+import org.apache.spark.{SparkEnv, TaskContext}
 import org.apache.spark.sql.catalyst.expressions.{BoundReference, UnsafeProjection, UnsafeRow}
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.types.StructType
@@ -90,7 +90,10 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
         throw new UnsupportedOperationException(
           s"heapstate does not support the key encoding $other (state store $stateStoreId)")
     }
-    val files = new StateFiles(stateStoreId.storeCheckpointLocation(), hadoopConf, stateStoreId.partitionId)
+    val copyRoots = conf.localCopyDirs.getOrElse(
+      StateFiles.sparkLocalDirs(key => Option(SparkEnv.get).flatMap(_.conf.getOption(key)), sys.env.get))
+    val files =
+      new StateFiles(stateStoreId.storeCheckpointLocation(), hadoopConf, stateStoreId.partitionId, copyRoots)
     val settings = EngineSettings(
       compactionInterval = conf.compactionInterval,
       codec = conf.codec,

@@ -18,7 +18,11 @@ import heapstate.io.StateFileNames.{Journal, Kind, Snapshot, StateFile}
  * `CheckpointFileManager`, so the store works on local disk, HDFS and object stores alike. Every
  * write is atomic: a reader sees the whole file or none of it.
  */
-final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int) {
+final class StateFiles(
+    val dir: Path,
+    hadoopConf: Configuration,
+    partition: Int,
+    copyRoots: Seq[java.io.File] = StateFiles.tempDirRoot) {
   private val fm = CheckpointFileManager.create(dir, hadoopConf)
   /**
    * The local disk holding `dir` (see [[StateFiles.localFileSystem]]): its new files are written
@@ -37,11 +41,11 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
    * wrote or rebuilt from on the local disk, byte for byte the checkpoint's file: the next
    * snapshot copies its unchanged buckets from that copy, mapped, as a store on the local disk
    * does from the file itself, and a restart's state loads its buckets from it instead of holding
-   * the snapshot's body on the heap. The copies go in a directory of this store's own under the
-   * JVM's temporary directory (`java.io.tmpdir`, which Spark on YARN sets to the container's),
-   * made when first needed; [[retainCopy]] keeps one, [[deleteCopies]] removes the directory. A
-   * copy that cannot be written costs only what it would have saved: the snapshot is compressed
-   * whole, the state read onto the heap.
+   * the snapshot's body on the heap. The copies go in a directory of this store's own under one
+   * of `copyRoots` (Spark's local directories by default, see [[StateFiles.sparkLocalDirs]]; none
+   * turns copies off), made when first needed; [[retainCopy]] keeps one, [[deleteCopies]]
+   * removes the directory. A copy that cannot be written costs only what it would have saved:
+   * the snapshot is compressed whole, the state read onto the heap.
    */
   private var copyDir: java.io.File = null
   private var copyDirFailed = false
@@ -52,23 +56,33 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
       StateFiles.copyDirs.remove(copyDir)
       copyDir = null
     }
-    if (copyDir == null && !copyDirFailed) {
-      try {
-        val tmp = java.nio.file.Paths.get(System.getProperty("java.io.tmpdir"))
-        copyDir = java.nio.file.Files.createTempDirectory(tmp, s"heapstate-p$partition-").toFile
-        StateFiles.copyDirs.add(copyDir)
-      } catch {
-        case NonFatal(e) =>
-          copyDirFailed = true
-          StateFiles.log.warn(s"Cannot make a directory for local copies of the snapshots of $dir under " +
-            s"java.io.tmpdir; every snapshot of it is compressed whole and read onto the heap: $e")
+    if (copyDir == null && !copyDirFailed && copyRoots.nonEmpty) {
+      // Partitions spread over the roots as Spark spreads its scratch files; a root that fails is skipped.
+      val start = Math.floorMod(partition, copyRoots.length)
+      val failures = Seq.newBuilder[String]
+      (copyRoots.drop(start) ++ copyRoots.take(start)).iterator.takeWhile(_ => copyDir == null).foreach { root =>
+        try {
+          java.nio.file.Files.createDirectories(root.toPath)
+          copyDir = java.nio.file.Files.createTempDirectory(root.toPath, s"heapstate-p$partition-").toFile
+        } catch { case NonFatal(e) => failures += s"$root: $e" }
+      }
+      if (copyDir != null) StateFiles.copyDirs.add(copyDir)
+      else {
+        copyDirFailed = true
+        StateFiles.log.warn(s"Cannot make a directory for local copies of the snapshots of $dir " +
+          s"(see ${heapstate.HeapStateConf.LocalCopyDir.key}); every snapshot of it is compressed whole and read onto the heap: " +
+          failures.result().mkString("; "))
       }
     }
     Option(copyDir)
   }
 
+  /** Opens a downloaded local copy, mapped ([[StateFiles.openMapped]]); tests put a failing one in its place. */
+  @volatile private[heapstate] var mapCopy: (java.io.File, Long, Path, Long) => Option[SnapshotBuckets] =
+    StateFiles.openMapped
+
   /** Whether a snapshot may be copied from: on the local disk, or with a directory for local copies. */
-  def mayCopy: Boolean = isLocal || synchronized(!copyDirFailed)
+  def mayCopy: Boolean = isLocal || synchronized(copyRoots.nonEmpty && !copyDirFailed)
 
   /** The directory of the local copies, when there is one (tests). */
   private[heapstate] def copyDirectory: Option[java.io.File] = synchronized(Option(copyDir))
@@ -259,7 +273,7 @@ final class StateFiles(val dir: Path, hadoopConf: Configuration, partition: Int)
         // The copy holds every byte of `file`, but a failure to open or map it may be the local
         // disk's: `file` is then read as without a copy, and only what is wrong with it is named.
         val opened =
-          try Right(StateFiles.openMapped(copy, file.length, file.path, file.version))
+          try Right(mapCopy(copy, file.length, file.path, file.version))
           catch { case NonFatal(e) => Left(e) }
         opened match {
           case Right(Some(buckets)) => (Some(buckets), true)
@@ -328,6 +342,28 @@ object StateFiles {
     val dirs = java.util.concurrent.ConcurrentHashMap.newKeySet[java.io.File]()
     Runtime.getRuntime.addShutdownHook(new Thread(() => dirs.forEach(d => deleteDir(d)), "heapstate-copies-cleanup"))
     dirs
+  }
+
+  /** The JVM's temporary directory (`java.io.tmpdir`), as the one root for local copies. */
+  def tempDirRoot: Seq[java.io.File] = Seq(new java.io.File(System.getProperty("java.io.tmpdir")))
+
+  /**
+   * The directories Spark gives this JVM for its scratch files, in the order Spark's
+   * configuration guide gives for `spark.local.dir`: the cluster manager's (`LOCAL_DIRS` in a YARN
+   * container, else `SPARK_EXECUTOR_DIRS`, set by a standalone worker, or `SPARK_LOCAL_DIRS`),
+   * else `spark.local.dir`, else `java.io.tmpdir`. `sparkConf` reads Spark's configuration, `env`
+   * the environment.
+   */
+  def sparkLocalDirs(sparkConf: String => Option[String], env: String => Option[String]): Seq[java.io.File] = {
+    def dirs(value: Option[String], separator: String): Option[Seq[String]] =
+      value.map(_.split(separator).map(_.trim).filter(_.nonEmpty).toSeq).filter(_.nonEmpty)
+    val yarn = if (env("CONTAINER_ID").isDefined) dirs(env("LOCAL_DIRS"), ",") else None
+    yarn
+      .orElse(dirs(env("SPARK_EXECUTOR_DIRS"), java.io.File.pathSeparator))
+      .orElse(dirs(env("SPARK_LOCAL_DIRS"), ","))
+      .orElse(dirs(sparkConf("spark.local.dir"), ","))
+      .map(_.map(new java.io.File(_)))
+      .getOrElse(tempDirRoot)
   }
 
   /** The temporary file a local copy `f` is written to before [[moveIntoPlace]]. */

@@ -102,8 +102,10 @@ def _one_of(allowed: tuple[str, ...]) -> Callable[[object], str | None]:
 
 def _copy_dirs(value: object) -> str | None:
     """The check of ``local_copy_dir``: empty (Spark's local directories), ``"none"``, or
-    absolute paths separated by commas, as the provider takes it."""
+    absolute paths separated by commas (a ``str`` or a path object), as the provider takes it."""
     wanted = "must be '', 'none' or absolute local paths separated by commas"
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
     if not isinstance(value, str):
         return f"{wanted}, not {value!r} ({type(value).__name__})"
     if value.strip() in ("", "none"):
@@ -152,7 +154,7 @@ def conf_entries(
     undo_versions: int | None = None,
     snapshot_bucket_bytes: int | None = None,
     bulk_load_snapshot_bytes: int | None = None,
-    local_copy_dir: str | None = None,
+    local_copy_dir: str | os.PathLike[str] | None = None,
     **more: Any,
 ) -> dict[str, str]:
     """Return the Spark confs that turn heapstate on with these options (``spark.jars`` aside).
@@ -189,7 +191,9 @@ def conf_entries(
         problem = option.check(value)
         if problem:
             raise ValueError(f"heapstate option {name} {problem}")
-        entries[CONF_PREFIX + option.key] = str(value)
+        entries[CONF_PREFIX + option.key] = (
+            os.fspath(value) if isinstance(value, os.PathLike) else str(value)
+        )
     return entries
 
 

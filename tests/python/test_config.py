@@ -261,6 +261,27 @@ def test_conf_entries_lists_provider_then_options() -> None:
             ),
         ),
         (
+            {"local_copy_dir": "/a,"},
+            (
+                "heapstate option local_copy_dir must be '', 'none' or absolute local paths "
+                "separated by commas, not '/a,'"
+            ),
+        ),
+        (
+            {"local_copy_dir": ","},
+            (
+                "heapstate option local_copy_dir must be '', 'none' or absolute local paths "
+                "separated by commas, not ','"
+            ),
+        ),
+        (
+            {"local_copy_dir": "None"},
+            (
+                "heapstate option local_copy_dir must be '', 'none' or absolute local paths "
+                "separated by commas, not 'None'"
+            ),
+        ),
+        (
             {"local_copy_dir": 5},
             (
                 "heapstate option local_copy_dir must be '', 'none' or absolute local paths "
@@ -334,11 +355,15 @@ def test_boundary_values_are_accepted() -> None:
             PROVIDER_CONF: HEAPSTATE_PROVIDER,
             PREFIX + "bulkLoadSnapshotBytes": str(size),
         }
-    for dirs in ("", "none", "/mnt/a", "/mnt/a,/mnt/b"):
+    for dirs in ("", "none", " none ", "/mnt/a", "/mnt/a,/mnt/b", " /mnt/a , /mnt/b "):
         assert heapstate.conf_entries(local_copy_dir=dirs) == {
             PROVIDER_CONF: HEAPSTATE_PROVIDER,
             PREFIX + "localCopyDir": dirs,
         }
+    assert heapstate.conf_entries(local_copy_dir=Path("/mnt/a")) == {
+        PROVIDER_CONF: HEAPSTATE_PROVIDER,
+        PREFIX + "localCopyDir": "/mnt/a",
+    }
 
 
 # --------------------------------------------------------------------------------------------

@@ -485,6 +485,8 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
       "bulkLoadSnapshotBytes" -> "99999999999",
       "localCopyDir" -> "relative/dir",
       "localCopyDir" -> "/tmp/a,,/tmp/b",
+      "localCopyDir" -> "/tmp/a,",
+      "localCopyDir" -> ",",
       "localCopyDir" -> "None"
     )
     // An existing checkpoint, written with valid confs: a rejected conf must leave it as it is.
@@ -662,21 +664,23 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     assertRebuilt(root, Seq(1L, 4L), Map(1L -> atOne, 4L -> model))
   }
 
-  test(
-    "off the local disk, local copies go under localCopyDir, one of its directories a partition, and none turns them off") {
+  test("off the local disk, local copies go under localCopyDir, and none turns them off") {
     val roots = Seq(new File(tempDir(), "a"), new File(tempDir(), "b")) // made when first needed
+    val tmp = new File(System.getProperty("java.io.tmpdir"))
+    def inTmp(): Set[String] = Option(tmp.list()).toSeq.flatten.filter(_.startsWith("heapstate-p1-")).toSet
     /**
      * Commits versions 0 to 5 of partition 1, whose snapshot falls due at 6 (phase 2 of 4): the
-     * buckets that snapshot copied, and the directories under each root then.
+     * buckets that snapshot copied, and the directories of copies then under the roots and, new,
+     * under `java.io.tmpdir` (where they go without localCopyDir in a JVM with no Spark).
      */
-    def run(localCopyDir: String): (Long, Seq[Seq[String]]) = {
+    def run(localCopyDir: Option[String]): (Long, Seq[String], Set[String]) = {
+      val before = inTmp()
       val p = provider(
         tempDir(),
         Map(
           "spark.sql.streaming.checkpointFileManagerClass" -> StoreFixture.FileContextManager,
-          "spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "4",
-          "spark.sql.streaming.stateStore.heapstate.localCopyDir" -> localCopyDir
-        ),
+          "spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "4"
+        ) ++ localCopyDir.map("spark.sql.streaming.stateStore.heapstate.localCopyDir" -> _),
         partition = 1
       )
       val s0 = p.getStore(0, None, false, false); (0L until 160000L).foreach(k => put(s0, k, k));
@@ -688,16 +692,20 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
       val copied = s6.metrics.customMetrics(HeapStateStoreProvider.BucketsCopied)
       assert(get(s6, 2000L).contains(-2L) && get(s6, 2001L).contains(2001L))
       s6.abort()
-      val dirs = roots.map(r => Option(r.list()).toSeq.flatten.sorted)
+      val underRoots = roots.flatMap(r => Option(r.list()).toSeq.flatten)
+      val newInTmp = inTmp() -- before
       p.close()
-      assert(roots.forall(r => Option(r.list()).forall(_.isEmpty)), "close left local copies")
-      (copied, dirs)
+      assert(roots.forall(r => Option(r.list()).forall(_.isEmpty)) && (inTmp() -- before).isEmpty,
+        "close left local copies")
+      (copied, underRoots, newInTmp)
     }
-    val (copied, dirs) = run(roots.mkString(","))
+    val (copied, underRoots, _) = run(Some(roots.mkString(" , ")))
     assert(copied >= 1021, s"copied $copied buckets")
-    assert(dirs.head.isEmpty && dirs(1).size == 1 && dirs(1).head.startsWith("heapstate-p1-"), dirs)
-    val (none, noDirs) = run("none")
-    assert(none == 0 && noDirs.forall(_.isEmpty), s"copied $none buckets with no local copies")
+    assert(underRoots.size == 1 && underRoots.head.startsWith("heapstate-p1-"), underRoots)
+    val (byDefault, _, inTmpByDefault) = run(None)
+    assert(byDefault >= 1021 && inTmpByDefault.size == 1, s"copied $byDefault buckets; $inTmpByDefault")
+    val (none, noneUnderRoots, noneInTmp) = run(Some("none"))
+    assert(none == 0 && noneUnderRoots.isEmpty && noneInTmp.isEmpty, s"copied $none buckets with no local copies")
   }
 
   test("Spark's local directories, in the order Spark takes them") {

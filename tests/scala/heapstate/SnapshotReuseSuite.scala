@@ -414,10 +414,12 @@ class SnapshotReuseSuite extends AnyFunSuite {
     val store = new Store(dir, offLocal())
     import store._
     model = first.model
-    var tried = 0
-    files.mapCopy = (f, _, _, _) => { tried += 1; assert(f.isFile); throw new java.io.IOException(s"no mapping of $f") }
+    var tried = Seq.empty[Boolean] // whether the copy it was asked to open was there
+    val mapCopy = files.mapCopy
+    files.mapCopy = (f, _, _, _) => { tried :+= f.isFile; throw new java.io.IOException(s"no mapping of $f") }
     engine.ensureAt(2) // snapshot 1 and journal 2
-    assert(tried == 1, "the restart did not try its local copy")
+    assert(tried == Seq(true), "the restart did not try its downloaded local copy once")
+    files.mapCopy = mapCopy
     assert(copies.isEmpty, "the copy that could not be opened was kept")
     engine.live.loadAll()
     assert(engine.live.numKeys == model.size)
@@ -432,6 +434,30 @@ class SnapshotReuseSuite extends AnyFunSuite {
     assert(engine.snapshotBucketsReused > 0)
     assertHolds(files, snapshotFile(4), model)
     engine.close()
+  }
+
+  test("off the local disk, the stores of a JVM take the roots of local copies in turn, past one that fails") {
+    val base = new java.io.File(StoreFixture.tempDir())
+    val Seq(a, b, c) = Seq("a", "b", "c").map(new java.io.File(base, _)) // made when first needed
+    val bad = new java.io.File(base, "a-file")
+    java.nio.file.Files.write(bad.toPath, Array[Byte](1))
+    /** The root under which a new store's directory of copies is made, once it looks for a copy; None without one. */
+    def rootOf(roots: Seq[java.io.File]): Option[java.io.File] = {
+      val files = new StateFiles(new Path(StoreFixture.tempDir(), "store"), offLocal(), 0, roots)
+      assert(files.openCopy(1, None, 100).isEmpty)
+      val root = files.copyDirectory.map(_.getParentFile)
+      assert(files.mayCopy == root.isDefined)
+      files.deleteCopies()
+      root
+    }
+    assert(Seq.fill(3)(rootOf(Seq(a, b, c))).flatten.toSet == Set(a, b, c))
+    assert(Seq.fill(2)(rootOf(Seq(bad, b))) == Seq(Some(b), Some(b)))
+    val (none, log) = StoreFixture.logged(classOf[StateFiles])(rootOf(Seq(bad, new java.io.File(bad, "below"))))
+    assert(none.isEmpty)
+    assert(
+      log.exists { case (level, m) =>
+        level == "WARN" && m.contains(HeapStateConf.LocalCopyDir.key) && m.contains(bad.getPath)
+      }, log)
   }
 
   test("off the local disk, with no room for local copies, snapshots are written and restarts read them") {

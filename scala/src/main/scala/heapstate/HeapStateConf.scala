@@ -99,7 +99,7 @@ object HeapStateConf {
       case "" => None
       case "none" => Some(Nil)
       case value =>
-        val dirs = value.split(",").map(_.trim).toSeq
+        val dirs = value.split(",", -1).map(_.trim).toSeq // -1: an empty last entry is one too
         if (dirs.exists(d => d.isEmpty || !new java.io.File(d).isAbsolute)) throw invalid(LocalCopyDir, value)
         Some(dirs.map(new java.io.File(_)))
     }

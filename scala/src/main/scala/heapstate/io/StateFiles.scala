@@ -57,8 +57,9 @@ final class StateFiles(
       copyDir = null
     }
     if (copyDir == null && !copyDirFailed && copyRoots.nonEmpty) {
-      // Partitions spread over the roots as Spark spreads its scratch files; a root that fails is skipped.
-      val start = Math.floorMod(partition, copyRoots.length)
+      // The stores of a JVM take the roots in turn (whatever partitions the JVM was given); a
+      // root that fails is skipped.
+      val start = Math.floorMod(StateFiles.nextRoot.getAndIncrement(), copyRoots.length)
       val failures = Seq.newBuilder[String]
       (copyRoots.drop(start) ++ copyRoots.take(start)).iterator.takeWhile(_ => copyDir == null).foreach { root =>
         try {
@@ -77,7 +78,7 @@ final class StateFiles(
     Option(copyDir)
   }
 
-  /** Opens a downloaded local copy, mapped ([[StateFiles.openMapped]]); tests put a failing one in its place. */
+  /** Opens a local copy, mapped ([[StateFiles.openMapped]]); tests put a failing one in its place. */
   @volatile private[heapstate] var mapCopy: (java.io.File, Long, Path, Long) => Option[SnapshotBuckets] =
     StateFiles.openMapped
 
@@ -97,7 +98,7 @@ final class StateFiles(
    */
   def openCopy(version: Long, id: Option[String], length: Long): Option[SnapshotBuckets] =
     copyFile(version, id).filter(f => f.isFile && f.length == length)
-      .flatMap(f => StateFiles.openMapped(f, length, new Path(f.toURI), version))
+      .flatMap(f => mapCopy(f, length, new Path(f.toURI), version))
 
   /** Deletes every local copy but the one of `keep` (a version and its checkpoint id). */
   def retainCopy(keep: Option[(Long, Option[String])]): Unit = {
@@ -347,12 +348,17 @@ object StateFiles {
   /** The JVM's temporary directory (`java.io.tmpdir`), as the one root for local copies. */
   def tempDirRoot: Seq[java.io.File] = Seq(new java.io.File(System.getProperty("java.io.tmpdir")))
 
+  /** The next root a store of this JVM makes its directory of local copies under (see `copies`). */
+  private val nextRoot = new java.util.concurrent.atomic.AtomicInteger()
+
   /**
-   * The directories Spark gives this JVM for its scratch files, in the order Spark's
-   * configuration guide gives for `spark.local.dir`: the cluster manager's (`LOCAL_DIRS` in a YARN
-   * container, else `SPARK_EXECUTOR_DIRS`, set by a standalone worker, or `SPARK_LOCAL_DIRS`),
-   * else `spark.local.dir`, else `java.io.tmpdir`. `sparkConf` reads Spark's configuration, `env`
-   * the environment.
+   * The directories Spark gives this JVM for its scratch files, taken from the sources Spark
+   * reads, in its order of precedence: the cluster manager's (`LOCAL_DIRS` in a YARN container,
+   * else `SPARK_EXECUTOR_DIRS`, which a standalone worker sets, or `SPARK_LOCAL_DIRS`, which
+   * Kubernetes and standalone set), else `spark.local.dir`, else `java.io.tmpdir`. Unlike Spark,
+   * a blank entry is dropped and a source with none falls through to the next, and YARN's list
+   * is not shuffled (the stores take the directories in turn). `sparkConf` reads Spark's
+   * configuration, `env` the environment.
    */
   def sparkLocalDirs(sparkConf: String => Option[String], env: String => Option[String]): Seq[java.io.File] = {
     def dirs(value: Option[String], separator: String): Option[Seq[String]] =

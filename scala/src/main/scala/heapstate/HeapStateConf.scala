@@ -72,8 +72,8 @@ object HeapStateConf {
     "Where a store whose checkpoint is off the local disk (HDFS, an object store) keeps a copy of its " +
       "newest snapshot, so that the next snapshot copies the buckets no commit changed instead of " +
       "compressing them again, and a restart maps its state's buckets instead of holding them on the " +
-      "heap. Empty: the executor's scratch directories, as Spark chooses them for its own (spark.local.dir, " +
-      "or the cluster manager's); none: no copies."
+      "heap. Empty: the scratch directories of the JVM that runs the store, as Spark chooses them for its " +
+      "own (the cluster manager's, else spark.local.dir, else java.io.tmpdir); none: no copies."
   )
 
   val entries: Seq[Entry] =

@@ -321,6 +321,20 @@ class SnapshotReuseSuite extends AnyFunSuite {
         .map(f => f.getName -> java.nio.file.Files.readAllBytes(f.toPath).toSeq).toMap
   }
 
+  /**
+   * Writes a store of keys 0 to 19,999 at `dir` off the local disk, snapshots it at version 1,
+   * runs `later` on it (the commits of versions 1 and up), and closes it; returns its model.
+   */
+  private def writeAndClose(dir: Path)(later: Store => Unit): Map[Long, Long] = {
+    val first = new Store(dir, offLocal())
+    first.engine.ensureAt(0)
+    first.commit(0)(0L until 20000L)
+    assert(first.engine.snapshotIfDue(force = true).contains(1))
+    later(first)
+    first.engine.close()
+    first.model
+  }
+
   test("off the local disk, a snapshot copies unchanged buckets from a local copy of its base, which close deletes") {
     val store = new Store(new Path(StoreFixture.tempDir(), "store"), offLocal())
     import store._
@@ -382,15 +396,10 @@ class SnapshotReuseSuite extends AnyFunSuite {
 
   test("off the local disk, a restart loads from a local copy of its snapshot, and its first snapshot copies from it") {
     val dir = new Path(StoreFixture.tempDir(), "store")
-    val first = new Store(dir, offLocal())
-    first.engine.ensureAt(0)
-    first.commit(0)(0L until 20000L)
-    assert(first.engine.snapshotIfDue(force = true).contains(1))
-    for (v <- 1L until 4L) first.commit(v)((v * 7) until 20000L by 401L)
-    first.engine.close()
+    val written = writeAndClose(dir)(first => for (v <- 1L until 4L) first.commit(v)((v * 7) until 20000L by 401L))
     val store = new Store(dir, offLocal())
     import store._
-    model = first.model
+    model = written
     engine.ensureAt(4) // snapshot 1 and journals 2 to 4
     assert(copies == Map(snapshotFile(1).path.getName -> bytesOf(snapshotFile(1))),
       "the restart kept no copy of the snapshot it loaded")
@@ -405,15 +414,10 @@ class SnapshotReuseSuite extends AnyFunSuite {
 
   test("off the local disk, a restart whose local copy cannot be opened reads the snapshot itself and keeps no copy") {
     val dir = new Path(StoreFixture.tempDir(), "store")
-    val first = new Store(dir, offLocal())
-    first.engine.ensureAt(0)
-    first.commit(0)(0L until 20000L)
-    assert(first.engine.snapshotIfDue(force = true).contains(1))
-    first.commit(1)(Seq(5L, 6L))
-    first.engine.close()
+    val written = writeAndClose(dir)(_.commit(1)(Seq(5L, 6L)))
     val store = new Store(dir, offLocal())
     import store._
-    model = first.model
+    model = written
     var tried = Seq.empty[Boolean] // whether the copy it was asked to open was there
     val mapCopy = files.mapCopy
     files.mapCopy = (f, _, _, _) => { tried :+= f.isFile; throw new java.io.IOException(s"no mapping of $f") }

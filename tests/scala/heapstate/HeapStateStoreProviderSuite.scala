@@ -667,7 +667,7 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
   test("off the local disk, local copies go under localCopyDir, and none turns them off") {
     val roots = Seq(new File(tempDir(), "a"), new File(tempDir(), "b")) // made when first needed
     val tmp = new File(System.getProperty("java.io.tmpdir"))
-    def inTmp(): Set[String] = Option(tmp.list()).toSeq.flatten.filter(_.startsWith("heapstate-p1-")).toSet
+    def inTmp(): Set[String] = Option(tmp.list()).toSeq.flatten.filter(_.startsWith("heapstate-op0-p1-")).toSet
     /**
      * Commits versions 0 to 5 of partition 1, whose snapshot falls due at 6 (phase 2 of 4): the
      * buckets that snapshot copied, and the directories of copies then under the roots and, new,
@@ -701,7 +701,7 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     }
     val (copied, underRoots, _) = run(Some(roots.mkString(" , ")))
     assert(copied >= 1021, s"copied $copied buckets")
-    assert(underRoots.size == 1 && underRoots.head.startsWith("heapstate-p1-"), underRoots)
+    assert(underRoots.size == 1 && underRoots.head.startsWith("heapstate-op0-p1-"), underRoots)
     val (byDefault, _, inTmpByDefault) = run(None)
     assert(byDefault >= 1021 && inTmpByDefault.size == 1, s"copied $byDefault buckets; $inTmpByDefault")
     val (none, noneUnderRoots, noneInTmp) = run(Some("none"))

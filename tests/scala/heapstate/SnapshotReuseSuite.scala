@@ -6,6 +6,7 @@ import scala.collection.mutable
 
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
+import org.apache.spark.sql.execution.streaming.state.StateStoreId
 import org.scalatest.funsuite.AnyFunSuite
 
 import heapstate.engine._
@@ -462,6 +463,24 @@ class SnapshotReuseSuite extends AnyFunSuite {
       log.exists { case (level, m) =>
         level == "WARN" && m.contains(HeapStateConf.LocalCopyDir.key) && m.contains(bad.getPath)
       }, log)
+  }
+
+  test("a directory of local copies is named after its store's operator, partition and store name") {
+    assert(StateFiles.copyNameOf(3, 7, StateStoreId.DEFAULT_STORE_NAME) == "op3-p7")
+    assert(StateFiles.copyNameOf(3, 7, "left-keyToNumValues") == "op3-p7-left-keyToNumValues")
+    val root = new java.io.File(StoreFixture.tempDir())
+    /** The name of the directory of copies a store with `copyName` makes, up to its random part. */
+    def dirName(copyName: String): String = {
+      val files = new StateFiles(new Path(StoreFixture.tempDir(), "store"), offLocal(), 5, Seq(root), copyName)
+      assert(files.openCopy(1, None, 100).isEmpty)
+      val name = files.copyDirectory.get.getName
+      assert(files.copyDirectory.get.getParentFile == root)
+      files.deleteCopies()
+      name
+    }
+    assert(dirName("op3-p5-left-keyToNumValues").startsWith("heapstate-op3-p5-left-keyToNumValues-"))
+    assert(dirName("").startsWith("heapstate-p5-")) // no name given: the partition
+    assert(dirName("op3-p5-a/b c").startsWith("heapstate-op3-p5-a_b_c-")) // made safe for a file name
   }
 
   test("off the local disk, with no room for local copies, snapshots are written and restarts read them") {

@@ -93,7 +93,13 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
     val copyRoots = conf.localCopyDirs.getOrElse(
       StateFiles.sparkLocalDirs(key => Option(SparkEnv.get).flatMap(_.conf.getOption(key)), sys.env.get))
     val files =
-      new StateFiles(stateStoreId.storeCheckpointLocation(), hadoopConf, stateStoreId.partitionId, copyRoots)
+      new StateFiles(
+        stateStoreId.storeCheckpointLocation(),
+        hadoopConf,
+        stateStoreId.partitionId,
+        copyRoots,
+        StateFiles.copyNameOf(stateStoreId.operatorId, stateStoreId.partitionId, stateStoreId.storeName)
+      )
     val settings = EngineSettings(
       compactionInterval = conf.compactionInterval,
       codec = conf.codec,

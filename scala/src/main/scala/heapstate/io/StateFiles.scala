@@ -10,6 +10,7 @@ import org.apache.spark.sql.execution.streaming.checkpointing.{
   CheckpointFileManager,
   FileSystemBasedCheckpointFileManager
 }
+import org.apache.spark.sql.execution.streaming.state.StateStoreId
 
 import heapstate.io.StateFileNames.{Journal, Kind, Snapshot, StateFile}
 
@@ -22,7 +23,8 @@ final class StateFiles(
     val dir: Path,
     hadoopConf: Configuration,
     partition: Int,
-    copyRoots: Seq[java.io.File] = StateFiles.tempDirRoot) {
+    copyRoots: Seq[java.io.File] = StateFiles.tempDirRoot,
+    copyName: String = "") {
   private val fm = CheckpointFileManager.create(dir, hadoopConf)
   /**
    * The local disk holding `dir` (see [[StateFiles.localFileSystem]]): its new files are written
@@ -49,6 +51,13 @@ final class StateFiles(
    */
   private var copyDir: java.io.File = null
   private var copyDirFailed = false
+  /**
+   * The copy directory's name before its random part: `copyName` (the provider's names the
+   * operator, partition and store, see [[StateFiles.copyNameOf]]) or the partition, made safe
+   * for a file name.
+   */
+  private val copyPrefix =
+    "heapstate-" + (if (copyName.isEmpty) s"p$partition" else copyName).replaceAll("[^A-Za-z0-9_.-]", "_") + "-"
 
   /** The directory of the local copies, made now if needed; `None` when it cannot be. */
   private def copies(): Option[java.io.File] = synchronized {
@@ -64,7 +73,7 @@ final class StateFiles(
       (copyRoots.drop(start) ++ copyRoots.take(start)).iterator.takeWhile(_ => copyDir == null).foreach { root =>
         try {
           java.nio.file.Files.createDirectories(root.toPath)
-          copyDir = java.nio.file.Files.createTempDirectory(root.toPath, s"heapstate-p$partition-").toFile
+          copyDir = java.nio.file.Files.createTempDirectory(root.toPath, copyPrefix).toFile
         } catch { case NonFatal(e) => failures += s"$root: $e" }
       }
       if (copyDir != null) StateFiles.copyDirs.add(copyDir)
@@ -347,6 +356,14 @@ object StateFiles {
 
   /** The JVM's temporary directory (`java.io.tmpdir`), as the one root for local copies. */
   def tempDirRoot: Seq[java.io.File] = Seq(new java.io.File(System.getProperty("java.io.tmpdir")))
+
+  /**
+   * The name a store's directory of local copies starts with (after `heapstate-`): its operator
+   * and partition, and its store name when that is not the default one (a stream-stream join's
+   * four stores), so that a directory found on an executor's disk names the store it serves.
+   */
+  def copyNameOf(operatorId: Long, partition: Int, storeName: String): String =
+    s"op$operatorId-p$partition" + (if (storeName == StateStoreId.DEFAULT_STORE_NAME) "" else s"-$storeName")
 
   /** The next root a store of this JVM makes its directory of local copies under (see `copies`). */
   private val nextRoot = new java.util.concurrent.atomic.AtomicInteger()

@@ -7,7 +7,9 @@ input is consumed. Compaction every 2 versions and maintenance every second make
 frequent. Prints ``KILLJOB-STARTED`` on stderr once the query runs. With ``--result FILE`` it
 then writes the sink's rows and the state (read with ``spark.read.format("statestore")``) as
 JSON. heapstate's pause points come from ``-Dheapstate.faultInjection.pause`` in
-``PYSPARK_SUBMIT_ARGS`` (see ``FaultInjection.scala``).
+``PYSPARK_SUBMIT_ARGS`` (see ``FaultInjection.scala``). With ``--exit-jvm`` it ends the driver JVM
+and waits for it before exiting itself, so that what the JVM writes as it exits (the class archive
+of ``conftest.class_archive``) is complete when this process ends, and exits with its code.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import heapstate
 import windowed_count
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 
@@ -29,6 +32,7 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path, required=True)
     parser.add_argument("--sink", type=Path, required=True)
     parser.add_argument("--result", type=Path)
+    parser.add_argument("--exit-jvm", action="store_true")
     args = parser.parse_args()
     os.environ["PYSPARK_PYTHON"] = sys.executable
     builder = (
@@ -52,6 +56,11 @@ def main() -> None:
         print("KILLJOB-DONE", file=sys.stderr, flush=True)
     finally:
         spark.stop()
+    if args.exit_jvm:
+        # The gateway JVM exits when its standard input ends (pyspark's PythonGatewayServer).
+        jvm = SparkContext._gateway.proc  # type: ignore[union-attr]
+        jvm.stdin.close()
+        sys.exit(jvm.wait(timeout=300))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from conftest import (
     SHUFFLE_PARTITIONS,
     assert_checkpoint_written_by,
     committed_batches,
+    job_submit_args,
 )
 from pyspark.sql import SparkSession
 
@@ -63,6 +64,8 @@ def test_delta_source_to_delta_sink_on_heapstate(order: str, tmp_path: Path) -> 
         env={
             **os.environ,
             "PYSPARK_PYTHON": sys.executable,
+            # C1 only and the class archive: alone on 2 cores, the job took 40 s against 60.
+            "PYSPARK_SUBMIT_ARGS": job_submit_args(),
             # delta-spark 4.4.1 (the pip package this suite pins) asks Spark for the 4.4.1 Delta
             # jar, which Maven Central does not carry; 4.4.0 is the newest one published there.
             "HEAPSTATE_DELTA_JAR_VERSION": os.environ.get("HEAPSTATE_DELTA_JAR_VERSION", "4.4.0"),

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from conftest import SUBPROCESS_JAVA_OPTIONS
+import pytest
+from conftest import job_submit_args, subprocess_java_options
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"
@@ -40,12 +41,26 @@ CHECKPOINT_FIGURES = (
 )
 BUFFERED_FIGURES = ("w4_rows_downstream.png", "w4_throughput.png", "w4_latency.png")
 ALL_PROVIDERS = {"hdfs", "rocksdb-changelog", "rocksdb", "heapstate"}
-C1_ONLY = f"--java-option={SUBPROCESS_JAVA_OPTIONS}"
-"""The bench workers compile with C1 only (see ``conftest.SUBPROCESS_JAVA_OPTIONS``): the small
-size's figures are not the point here."""
-W1_ARGS = C1_ONLY
-W5_ARGS = f"--keys 5000,10000 {C1_ONLY}"
+W5_KEYS = "--keys 5000,10000"
 """Two K values draw W5's curves as well as three do, in two thirds of the time."""
+
+
+def job_jvm_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gives the notebook's own Spark session (the results table's Delta session, in the kernel)
+    and the test's re-ingest the driver JVM options of the tests' jobs, C1 only and the class
+    archive once it is written, through ``PYSPARK_SUBMIT_ARGS`` (``conftest.job_submit_args``).
+    The bench workers set their own ``PYSPARK_SUBMIT_ARGS`` and get the same options from
+    :func:`java_option_args`."""
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", job_submit_args())
+
+
+def java_option_args() -> str:
+    """The bench workers' ``--java-option`` arguments: they compile with C1 only and start from the
+    class archive once it is written (``conftest.subprocess_java_options``). The small size's
+    figures are not the point here."""
+    return " ".join(f"--java-option={o}" for o in subprocess_java_options())
+
+
 W4_PROVIDERS = "hdfs,heapstate"
 W4_ARGS = "--no-warmup --batches 4"
 """W4 runs a Delta MERGE per batch and run: two providers, four batches and no warm-up keep its
@@ -182,7 +197,10 @@ def test_committed_notebooks_hold_no_outputs() -> None:
         assert len(tagged) == 1, f"{path}: {len(tagged)} cells tagged 'parameters', not 1"
 
 
-def test_checkpoint_size_comparison_notebook(tmp_path: Path) -> None:
+def test_checkpoint_size_comparison_notebook(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job_jvm_options(monkeypatch)
     figures, reports, table = tmp_path / "figures", tmp_path / "reports", tmp_path / "table"
     executed = execute(
         CHECKPOINT_NOTEBOOK,
@@ -190,8 +208,8 @@ def test_checkpoint_size_comparison_notebook(tmp_path: Path) -> None:
         {
             "size": "small",
             "providers": "all",
-            "w1_args": W1_ARGS,
-            "w5_args": W5_ARGS,
+            "w1_args": java_option_args(),
+            "w5_args": f"{W5_KEYS} {java_option_args()}",
             "results_table": str(table),
             "figures_dir": str(figures),
             "reports_dir": str(reports),
@@ -233,7 +251,8 @@ def test_checkpoint_size_comparison_notebook(tmp_path: Path) -> None:
     assert figures_of(delta_rows(table)) == expected_figures([w1_json, w5_json])
 
 
-def test_buffered_output_notebook(tmp_path: Path) -> None:
+def test_buffered_output_notebook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    job_jvm_options(monkeypatch)
     figures, reports, table = tmp_path / "figures", tmp_path / "reports", tmp_path / "table"
     executed = execute(
         BUFFERED_NOTEBOOK,

@@ -17,16 +17,11 @@ Every end-to-end test follows the same plan:
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import os
 import re
 import shutil
-import subprocess
 import sys
-import tempfile
-import threading
 import zipfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -35,11 +30,14 @@ from pathlib import Path
 from typing import Any
 
 import heapstate
-import pyspark
 import pytest
+from job_jvm import (  # noqa: F401  (the tests import them from here)
+    SUBPROCESS_JAVA_OPTIONS,
+    job_submit_args,
+    subprocess_java_options,
+)
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
-from windowed_count import write_inputs
 
 HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 HEAPSTATE_PROVIDER = heapstate.PROVIDER_CLASS
@@ -55,109 +53,6 @@ EPOCH_2024 = 1_704_067_200
 """2024-01-01T00:00:00Z. Test inputs give event times as minutes after it (column ``t``)."""
 
 QUERY_TIMEOUT_S = 240
-
-SUBPROCESS_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
-"""The driver JVM option of the tests' jobs (``test_kill.py``, ``test_task_failure.py``,
-``test_delta.py``) and of the notebook test's bench workers: C1 compiles, C2 does not. On batches
-of a few dozen rows C2's compiler threads cost more CPU than they save, and on two cores shared by
-two pytest workers that CPU is the suite's time. Measured alone (stop 45): a start-and-kill of
-``kill_job.py`` 20 s of CPU against 14, an uninterrupted run 105 s against 77, the task-failure job
-146 s against 108, the checkpoint-size notebook 286 s against 239. What these tests check does not
-depend on the compiler; the in-process tests here, the executor-loss test and the Scala suites run
-heapstate under C2."""
-
-
-def job_submit_args(*java_options: str) -> str:
-    """``PYSPARK_SUBMIT_ARGS`` for a test's job: its driver JVM gets
-    :func:`subprocess_java_options` and then ``java_options``, as one quoted argument."""
-    java = " ".join((*subprocess_java_options(), *java_options))
-    return f'--driver-java-options "{java}" pyspark-shell'
-
-
-def subprocess_java_options() -> list[str]:
-    """The driver JVM options of the tests' job and bench-worker processes:
-    :data:`SUBPROCESS_JAVA_OPTIONS`, and the class archive once it is written
-    (:func:`class_archive`)."""
-    archive = class_archive()
-    share = [f"-XX:SharedArchiveFile={archive}"] if archive else []
-    return [SUBPROCESS_JAVA_OPTIONS, *share]
-
-
-CLASS_ARCHIVE_DIR = (
-    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "heapstate-tests"
-)
-_archive_build: list[threading.Thread] = []
-
-
-def class_archive() -> Path | None:
-    """A CDS archive (Java's class data sharing) of the classes a heapstate job's driver JVM
-    loads, or None until it is written. The jobs start from it: a driver JVM that maps its classes
-    from the archive, rather than loading and verifying them from Spark's jars, reaches its first
-    batch in about half the time (stop 58, alone on 2 cores: the session 5.2 s against 9.4, the
-    first job 2.1 s against 4.3), and the suite starts such JVMs dozens of times.
-
-    The first call in a test run without one starts writing it in the background:
-    ``kill_job.py`` runs a windowed count on 3 files with ``-XX:ArchiveClassesAtExit``, whose
-    JVM writes the archive as it exits, about a minute later (alone on 2 cores). Of the pytest
-    workers, the one that takes the lock writes it; the others, and that one's calls until it is
-    done, run without. It is kept in :data:`CLASS_ARCHIVE_DIR`, named by a hash of this Python,
-    pyspark's version and the ``java`` that pyspark starts, for later runs. A JVM whose class path
-    or jars differ from the archive's loads those classes as usual: only speed depends on it. A
-    truncated archive, though, crashes the JVM that maps it, so the archive is written under
-    another name and renamed into place once the JVM that wrote it has exited."""
-
-    java_home = os.environ.get("JAVA_HOME")
-    java = Path(java_home, "bin", "java") if java_home else Path(shutil.which("java") or "java")
-    java = java.resolve()
-    stamp = java.stat().st_mtime_ns if java.exists() else 0
-    key = f"{sys.executable}|{pyspark.__version__}|{java}|{stamp}"
-    path = CLASS_ARCHIVE_DIR / f"driver-{hashlib.sha256(key.encode()).hexdigest()[:16]}.jsa"
-    if path.is_file():
-        return path
-    if not _archive_build:
-        thread = threading.Thread(target=_write_class_archive, args=(path,), name="class-archive")
-        _archive_build.append(thread)
-        thread.start()
-    return None
-
-
-def _write_class_archive(path: Path) -> None:
-    """Writes :func:`class_archive`'s ``path``, unless another process holds its lock. A failure
-    is printed, not raised: the tests run as well without the archive."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.with_suffix(".lock"), "w") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return  # another worker writes it
-            if path.is_file():
-                return
-            written = path.with_suffix(".jsa.part")
-            with tempfile.TemporaryDirectory(prefix="heapstate-class-archive-") as work:
-                write_inputs(Path(work, "input"), 3, seed=1)
-                java = f"{SUBPROCESS_JAVA_OPTIONS} -XX:ArchiveClassesAtExit={written}"
-                job = Path(__file__).with_name("kill_job.py")
-                cmd = [sys.executable, str(job), "--input", f"{work}/input", "--exit-jvm"]
-                cmd += ["--checkpoint", f"{work}/checkpoint", "--sink", f"{work}/sink"]
-                cmd += ["--result", f"{work}/result.json"]
-                env = {
-                    **os.environ,
-                    "PYSPARK_SUBMIT_ARGS": f'--driver-java-options "{java}" pyspark-shell',
-                }
-                run = subprocess.run(
-                    cmd, env=env, capture_output=True, text=True, timeout=600, check=False
-                )
-            if run.returncode != 0 or not written.is_file():
-                print(f"no class archive (exit {run.returncode}): {run.stderr[-2000:]}")
-                written.unlink(missing_ok=True)
-                return
-            for old in path.parent.glob("driver-*.jsa"):
-                old.unlink()
-            os.replace(written, path)
-    except (OSError, subprocess.SubprocessError) as e:
-        print(f"no class archive at {path}: {e!r}")
-
 
 STATE_FILE = re.compile(r"^(\d+)\.(hs-journal|hs-snapshot|delta|snapshot|changelog|zip)$")
 """State files of heapstate (``hs-*``), of the HDFS provider (``delta``, ``snapshot``) and of

@@ -9,7 +9,7 @@ then writes the sink's rows and the state (read with ``spark.read.format("states
 JSON. heapstate's pause points come from ``-Dheapstate.faultInjection.pause`` in
 ``PYSPARK_SUBMIT_ARGS`` (see ``FaultInjection.scala``). With ``--exit-jvm`` it ends the driver JVM
 and waits for it before exiting itself, so that what the JVM writes as it exits (the class archive
-of ``conftest.class_archive``) is complete when this process ends, and exits with its code.
+of ``job_jvm.class_archive``) is complete when this process ends, and exits with its code.
 """
 
 from __future__ import annotations

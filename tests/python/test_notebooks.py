@@ -48,7 +48,7 @@ W5_KEYS = "--keys 5000,10000"
 def job_jvm_options(monkeypatch: pytest.MonkeyPatch) -> None:
     """Gives the notebook's own Spark session (the results table's Delta session, in the kernel)
     and the test's re-ingest the driver JVM options of the tests' jobs, C1 only and the class
-    archive once it is written, through ``PYSPARK_SUBMIT_ARGS`` (``conftest.job_submit_args``).
+    archive once it is written, through ``PYSPARK_SUBMIT_ARGS`` (``job_jvm.job_submit_args``).
     The bench workers set their own ``PYSPARK_SUBMIT_ARGS`` and get the same options from
     :func:`java_option_args`."""
     monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", job_submit_args())
@@ -56,7 +56,7 @@ def job_jvm_options(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def java_option_args() -> str:
     """The bench workers' ``--java-option`` arguments: they compile with C1 only and start from the
-    class archive once it is written (``conftest.subprocess_java_options``). The small size's
+    class archive once it is written (``job_jvm.subprocess_java_options``). The small size's
     figures are not the point here."""
     return " ".join(f"--java-option={o}" for o in subprocess_java_options())
 

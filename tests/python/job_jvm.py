@@ -81,13 +81,16 @@ def class_archive() -> Path | None:
 
 
 def class_archive_path() -> Path:
-    """Where :func:`class_archive` is kept: named by a hash of this Python, pyspark's version and
-    the ``java`` that pyspark starts."""
+    """Where :func:`class_archive` is kept: named by a hash of pyspark's folder (whose jars are the
+    class path) and version and of the ``java`` that pyspark starts. Not by ``sys.executable``,
+    which names one venv's Python in more than one way (``bin/test`` runs this module as
+    ``../../.venv/bin/python``, pytest as ``.venv/bin/python``)."""
     java_home = os.environ.get("JAVA_HOME")
     java = Path(java_home, "bin", "java") if java_home else Path(shutil.which("java") or "java")
     java = java.resolve()
     stamp = java.stat().st_mtime_ns if java.exists() else 0
-    key = f"{sys.executable}|{pyspark.__version__}|{java}|{stamp}"
+    spark_home = Path(pyspark.__file__).resolve().parent
+    key = f"{spark_home}|{pyspark.__version__}|{java}|{stamp}"
     return CLASS_ARCHIVE_DIR / f"driver-{hashlib.sha256(key.encode()).hexdigest()[:16]}.jsa"
 
 

@@ -32,7 +32,6 @@ from typing import Any
 import heapstate
 import pytest
 from job_jvm import (  # noqa: F401  (the tests import them from here)
-    SUBPROCESS_JAVA_OPTIONS,
     job_submit_args,
     subprocess_java_options,
 )

@@ -6,6 +6,7 @@ Scala tests, which leave a core mostly idle, so that every Python test finds it.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -21,7 +22,8 @@ from windowed_count import write_inputs
 
 SUBPROCESS_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 """The driver JVM option of the tests' jobs (``test_kill.py``, ``test_task_failure.py``,
-``test_delta.py``) and of the notebook test's bench workers: C1 compiles, C2 does not. On batches
+``test_delta.py``), of the notebook test's W1 and W5 bench workers and of the notebooks' own
+Spark sessions: C1 compiles, C2 does not. On batches
 of a few dozen rows C2's compiler threads cost more CPU than they save, and on two cores shared by
 two pytest workers that CPU is the suite's time. Measured alone (stop 45): a start-and-kill of
 ``kill_job.py`` 20 s of CPU against 14, an uninterrupted run 105 s against 77, the task-failure job
@@ -65,10 +67,11 @@ def class_archive() -> Path | None:
     done, run without. To write it, ``kill_job.py`` runs a windowed count on 3 files with
     ``-XX:ArchiveClassesAtExit``, whose JVM writes the archive as it exits, about a minute later
     (alone on 2 cores). It is kept in :data:`CLASS_ARCHIVE_DIR` (:func:`class_archive_path`) for
-    later runs. A JVM whose class path
-    or jars differ from the archive's loads those classes as usual: only speed depends on it. A
-    truncated archive, though, crashes the JVM that maps it, so the archive is written under
-    another name and renamed into place once the JVM that wrote it has exited."""
+    later runs (one per key: it deletes none). A pytest process whose thread is writing it waits
+    for it at exit. A JVM whose class path or jars differ from the archive's loads those classes
+    as usual: only speed depends on it. A truncated archive, though, crashes the JVM that maps
+    it, so the archive is written under another name and renamed into place once the JVM that
+    wrote it has exited."""
 
     path = class_archive_path()
     if path.is_file():
@@ -81,32 +84,33 @@ def class_archive() -> Path | None:
 
 
 def class_archive_path() -> Path:
-    """Where :func:`class_archive` is kept: named by a hash of pyspark's folder (whose jars are the
-    class path) and version and of the ``java`` that pyspark starts. Not by ``sys.executable``,
-    which names one venv's Python in more than one way (``bin/test`` runs this module as
-    ``../../.venv/bin/python``, pytest as ``.venv/bin/python``)."""
+    """Where :func:`class_archive` is kept: named by a hash of ``SPARK_HOME`` or else pyspark's
+    folder (whose jars are the class path), pyspark's version and the ``java`` that pyspark
+    starts. Not by ``sys.executable``, which can name one venv's Python in more than one way."""
     java_home = os.environ.get("JAVA_HOME")
     java = Path(java_home, "bin", "java") if java_home else Path(shutil.which("java") or "java")
     java = java.resolve()
     stamp = java.stat().st_mtime_ns if java.exists() else 0
-    spark_home = Path(pyspark.__file__).resolve().parent
+    spark_home = os.environ.get("SPARK_HOME") or Path(pyspark.__file__).resolve().parent
     key = f"{spark_home}|{pyspark.__version__}|{java}|{stamp}"
     return CLASS_ARCHIVE_DIR / f"driver-{hashlib.sha256(key.encode()).hexdigest()[:16]}.jsa"
 
 
-def _write_class_archive(path: Path) -> None:
-    """Writes :func:`class_archive`'s ``path``, unless another process holds its lock. A failure
-    is printed, not raised: the tests run as well without the archive."""
+def _write_class_archive(path: Path, wait: bool = False) -> None:
+    """Writes :func:`class_archive`'s ``path``. Unless ``wait``, it returns at once when another
+    process holds the lock (that one writes it). A failure is not raised, since the tests run as
+    well without the archive: it is printed and kept in ``last-error.log`` beside the archive."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path.with_suffix(".lock"), "w") as lock:
             try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(lock, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return  # another worker writes it
             if path.is_file():
                 return
             written = path.with_suffix(".jsa.part")
+            written.unlink(missing_ok=True)  # an attempt that was killed may have left one
             with tempfile.TemporaryDirectory(prefix="heapstate-class-archive-") as work:
                 write_inputs(Path(work, "input"), 3, seed=1)
                 java = f"{SUBPROCESS_JAVA_OPTIONS} -XX:ArchiveClassesAtExit={written}"
@@ -122,19 +126,19 @@ def _write_class_archive(path: Path) -> None:
                     cmd, env=env, capture_output=True, text=True, timeout=600, check=False
                 )
             if run.returncode != 0 or not written.is_file():
-                print(f"no class archive (exit {run.returncode}): {run.stderr[-2000:]}")
                 written.unlink(missing_ok=True)
-                return
-            for old in path.parent.glob("driver-*.jsa"):
-                old.unlink()
+                raise OSError(f"the job exited {run.returncode}: {run.stderr[-2000:]}")
             os.replace(written, path)
     except (OSError, subprocess.SubprocessError) as e:
-        print(f"no class archive at {path}: {e!r}")
+        message = f"no class archive at {path}: {e}"
+        print(message)
+        with contextlib.suppress(OSError):
+            (path.parent / "last-error.log").write_text(message + "\n")
 
 
 if __name__ == "__main__":
     written = class_archive_path()
     if not written.is_file():
-        _write_class_archive(written)
+        _write_class_archive(written, wait=True)
     print(f"class archive: {written if written.is_file() else 'none'}")
     sys.exit(0 if written.is_file() else 1)

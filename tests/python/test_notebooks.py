@@ -45,12 +45,13 @@ W5_KEYS = "--keys 5000,10000"
 """Two K values draw W5's curves as well as three do, in two thirds of the time."""
 
 
-def job_jvm_options(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def job_jvm_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """Gives the notebook's own Spark session (the results table's Delta session, in the kernel)
     and the test's re-ingest the driver JVM options of the tests' jobs, C1 only and the class
     archive once it is written, through ``PYSPARK_SUBMIT_ARGS`` (``job_jvm.job_submit_args``).
-    The bench workers set their own ``PYSPARK_SUBMIT_ARGS`` and get the same options from
-    :func:`java_option_args`."""
+    The bench workers set their own ``PYSPARK_SUBMIT_ARGS``: W1's and W5's get the same options
+    from :func:`java_option_args`, W4's (``bench/w4.py`` has no ``--java-option``) neither."""
     monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", job_submit_args())
 
 
@@ -197,10 +198,9 @@ def test_committed_notebooks_hold_no_outputs() -> None:
         assert len(tagged) == 1, f"{path}: {len(tagged)} cells tagged 'parameters', not 1"
 
 
-def test_checkpoint_size_comparison_notebook(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    job_jvm_options(monkeypatch)
+@pytest.mark.usefixtures("job_jvm_env")
+def test_checkpoint_size_comparison_notebook(tmp_path: Path) -> None:
+    java_options = java_option_args()
     figures, reports, table = tmp_path / "figures", tmp_path / "reports", tmp_path / "table"
     executed = execute(
         CHECKPOINT_NOTEBOOK,
@@ -208,8 +208,8 @@ def test_checkpoint_size_comparison_notebook(
         {
             "size": "small",
             "providers": "all",
-            "w1_args": java_option_args(),
-            "w5_args": f"{W5_KEYS} {java_option_args()}",
+            "w1_args": java_options,
+            "w5_args": f"{W5_KEYS} {java_options}",
             "results_table": str(table),
             "figures_dir": str(figures),
             "reports_dir": str(reports),
@@ -251,8 +251,8 @@ def test_checkpoint_size_comparison_notebook(
     assert figures_of(delta_rows(table)) == expected_figures([w1_json, w5_json])
 
 
-def test_buffered_output_notebook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    job_jvm_options(monkeypatch)
+@pytest.mark.usefixtures("job_jvm_env")
+def test_buffered_output_notebook(tmp_path: Path) -> None:
     figures, reports, table = tmp_path / "figures", tmp_path / "reports", tmp_path / "table"
     executed = execute(
         BUFFERED_NOTEBOOK,

@@ -35,7 +35,12 @@ C2."""
 def job_submit_args(*java_options: str) -> str:
     """``PYSPARK_SUBMIT_ARGS`` for a test's job: its driver JVM gets
     :func:`subprocess_java_options` and then ``java_options``, as one quoted argument."""
-    java = " ".join((*subprocess_java_options(), *java_options))
+    return _submit_args([*subprocess_java_options(), *java_options])
+
+
+def _submit_args(java_options: list[str]) -> str:
+    """``PYSPARK_SUBMIT_ARGS`` that give the driver JVM ``java_options``, as one quoted argument."""
+    java = " ".join(java_options)
     return f'--driver-java-options "{java}" pyspark-shell'
 
 
@@ -113,14 +118,15 @@ def _write_class_archive(path: Path, wait: bool = False) -> None:
             written.unlink(missing_ok=True)  # an attempt that was killed may have left one
             with tempfile.TemporaryDirectory(prefix="heapstate-class-archive-") as work:
                 write_inputs(Path(work, "input"), 3, seed=1)
-                java = f"{SUBPROCESS_JAVA_OPTIONS} -XX:ArchiveClassesAtExit={written}"
                 job = Path(__file__).with_name("kill_job.py")
                 cmd = [sys.executable, str(job), "--input", f"{work}/input", "--exit-jvm"]
                 cmd += ["--checkpoint", f"{work}/checkpoint", "--sink", f"{work}/sink"]
                 cmd += ["--result", f"{work}/result.json"]
                 env = {
                     **os.environ,
-                    "PYSPARK_SUBMIT_ARGS": f'--driver-java-options "{java}" pyspark-shell',
+                    "PYSPARK_SUBMIT_ARGS": _submit_args(
+                        [SUBPROCESS_JAVA_OPTIONS, f"-XX:ArchiveClassesAtExit={written}"]
+                    ),
                 }
                 run = subprocess.run(
                     cmd, env=env, capture_output=True, text=True, timeout=600, check=False

@@ -88,6 +88,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "a provider that does not report its snapshots gets a forced snapshot on every commit "
         "within a short run",
     )
+    parser.add_argument(
+        "--java-option",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="an extra option for the driver JVM, such as -Xmx8g (repeatable; one word each)",
+    )
     parser.add_argument("--report-every", type=int, default=10, help="progress every N batches")
     parser.add_argument("--work-dir", help="where the checkpoint goes (default: a temporary one)")
     parser.add_argument("--out", help="the JSON report (default: bench/results/soak-<time>.json)")
@@ -182,11 +189,13 @@ def main(argv: list[str] | None = None) -> int:
         import heapstate
 
         jar = Path(heapstate.jar_path()) if heapstate.jar_path() else REPO_JAR
-        os.environ["PYSPARK_SUBMIT_ARGS"] = pyspark_submit_args("4g", [jar])
+        os.environ["PYSPARK_SUBMIT_ARGS"] = pyspark_submit_args(
+            "4g", [jar], java_options=args.java_option
+        )
     else:
         confs.pop(HEAPSTATE_PREFIX + "compactionInterval")
         confs["spark.sql.streaming.stateStore.minDeltasForSnapshot"] = str(args.compaction_interval)
-        os.environ["PYSPARK_SUBMIT_ARGS"] = pyspark_submit_args("4g")
+        os.environ["PYSPARK_SUBMIT_ARGS"] = pyspark_submit_args("4g", java_options=args.java_option)
     progress(
         f"soak: {provider.name}, {args.batches} batches, K={args.keys:,} U={args.updates:,}, "
         f"compaction every {args.compaction_interval}, retain {args.retain}"
@@ -310,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
             "retain": args.retain,
             "maintenance_interval": args.maintenance_interval,
             "strict_lag_detection": args.strict_lag_detection,
+            "java_options": args.java_option,
         },
         "file_bound": bound,
         "final_store_files": final,

@@ -41,7 +41,13 @@ from typing import Any
 
 import pyspark
 import pytest
-from conftest import HEAPSTATE_PROVIDER, assert_checkpoint_written_by, committed_batches
+from conftest import (
+    HEAPSTATE_PROVIDER,
+    assert_checkpoint_written_by,
+    committed_batches,
+    job_submit_args,
+    subprocess_java_options,
+)
 from windowed_count import write_inputs
 
 JOB = Path(__file__).with_name("executor_loss_job.py")
@@ -65,17 +71,24 @@ def free_port() -> int:
 # The cluster
 
 
-def spark_env(root: Path) -> dict[str, str]:
-    """The environment of every process of the test: loopback only, no user Spark conf."""
-    conf = root / "spark-conf"
-    conf.mkdir(exist_ok=True)
+def spark_env() -> dict[str, str]:
+    """The environment of every process of the test: loopback only, and no Spark conf but the
+    test's own (``SPARK_CONF_DIR`` unset: pyspark's ``conf`` folder, which a pip install does
+    not have).
+
+    The driver and the daemons (master and workers) compile with C1 only and start from the
+    tests' class archive once it is written (``job_jvm.subprocess_java_options``), whose class
+    path starts with that same ``conf`` folder: another folder there would leave the archive
+    unused. The executors, where heapstate's stores run, keep the JVM's default compilers.
+    """
     env = dict(os.environ)
-    env.pop("PYSPARK_SUBMIT_ARGS", None)
+    env.pop("SPARK_CONF_DIR", None)
     env.update(
         SPARK_HOME=str(SPARK_HOME),
-        SPARK_CONF_DIR=str(conf),
         SPARK_LOCAL_IP="127.0.0.1",
         SPARK_DAEMON_MEMORY="384m",
+        SPARK_DAEMON_JAVA_OPTS=" ".join(subprocess_java_options()),
+        PYSPARK_SUBMIT_ARGS=job_submit_args(),
         PYSPARK_PYTHON=sys.executable,
     )
     return env
@@ -120,7 +133,7 @@ def start_daemon(cluster: Cluster, name: str, args: list[str]) -> None:
     cluster.daemons.append(
         subprocess.Popen(
             cmd,
-            env=spark_env(cluster.root),
+            env=spark_env(),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group, with the executors it launches
@@ -253,7 +266,7 @@ def start_driver(work: Path, name: str, master: str, java_options: str = "") -> 
     cmd += [f"--executor-java-options={java_options}"]  # "=": the value starts with "-"
     proc = subprocess.Popen(
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, bufsize=1,
-        env=spark_env(work), start_new_session=True,
+        env=spark_env(), start_new_session=True,
     )  # fmt: skip
     lines: queue.Queue[str | None] = queue.Queue()
 

@@ -4,8 +4,15 @@ import java.net.URI
 import java.nio.file.attribute.PosixFilePermission
 
 import org.apache.hadoop.conf.Configuration
-import org.apache.hadoop.fs.{ChecksumFs, DelegateToFileSystem, FileStatus, FsConstants, FsServerDefaults, Path,
-  RawLocalFileSystem}
+import org.apache.hadoop.fs.{
+  ChecksumFs,
+  DelegateToFileSystem,
+  FileStatus,
+  FsConstants,
+  FsServerDefaults,
+  Path,
+  RawLocalFileSystem
+}
 import org.apache.hadoop.fs.local.LocalConfigKeys
 import org.apache.hadoop.fs.permission.FsPermission
 
@@ -26,14 +33,22 @@ import org.apache.hadoop.fs.permission.FsPermission
  * Hadoop returns once `readlink` prints nothing. heapstate's own local files do not go through
  * here (they take the FileSystem-based manager, `StateFiles.fastLocalManager`); its files off the
  * local disk in the tests (`StoreFixture.FileContextManager`), Spark's offset and commit logs and
- * the HDFS provider's files do.
+ * the HDFS provider's files do. One thing tells it from Hadoop's: Spark's FileContext manager's
+ * `isLocal`, which names Hadoop's two classes, is false here; nothing in Spark's streaming or in
+ * heapstate asks it (heapstate asks `StateFiles.localFileSystem`).
+ *
+ * `uri` and `conf`: the constructor Hadoop's `AbstractFileSystem.createFileSystem` calls.
  */
-final class NoForkLocalFs(uri: URI, conf: Configuration) extends ChecksumFs(new NoForkLocalFs.Raw(uri, conf))
+final class NoForkLocalFs(uri: URI, conf: Configuration) extends ChecksumFs(new NoForkLocalFs.Raw(conf))
 
 object NoForkLocalFs {
-  /** Hadoop's `RawLocalFs` (whose constructors are not public) over [[RawFileSystem]]. */
-  final class Raw(uri: URI, conf: Configuration)
-      extends DelegateToFileSystem(uri, new RawFileSystem, conf, FsConstants.LOCAL_FS_URI.getScheme, false) {
+  /**
+   * Hadoop's `RawLocalFs` (whose constructors are not public) over [[RawFileSystem]]; like it, on
+   * `file:///` whatever the URI [[NoForkLocalFs]] is given.
+   */
+  final class Raw(conf: Configuration)
+      extends DelegateToFileSystem(
+        FsConstants.LOCAL_FS_URI, new RawFileSystem, conf, FsConstants.LOCAL_FS_URI.getScheme, false) {
     override def getUriDefaultPort: Int = -1
     override def getServerDefaults(f: Path): FsServerDefaults = LocalConfigKeys.getServerDefaults()
     @deprecated("as Hadoop's", "") override def getServerDefaults(): FsServerDefaults =

@@ -93,7 +93,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="OPTION",
-        help="an extra option for the driver JVM, such as -Xmx8g (repeatable; one word each)",
+        help="an extra option for the driver JVM (which is also the executor), such as "
+        "--java-option=-XX:+UseZGC (repeatable; one word each; the heap is 4g)",
     )
     parser.add_argument("--report-every", type=int, default=10, help="progress every N batches")
     parser.add_argument("--work-dir", help="where the checkpoint goes (default: a temporary one)")

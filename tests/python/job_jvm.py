@@ -1,7 +1,7 @@
 """The driver JVM options of the tests' job processes: C1 only, and a class archive (Java's class
 data sharing) that the jobs start from once it is written. ``conftest`` re-exports what the tests
 use. Run as a script, this writes the archive and waits for it: ``bin/test`` does so beside the
-Scala tests, which leave a core mostly idle, so that every Python test finds it.
+Scala tests, and starts pytest once it is written, so that every Python test finds it.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ cost more CPU than they save, and on two cores shared by two pytest workers that
 suite's time. Measured alone (stop 45): a start-and-kill of ``kill_job.py`` 20 s of CPU against
 14, an uninterrupted run 105 s against 77, the task-failure job 146 s against 108, the
 checkpoint-size notebook 286 s against 239. What these tests check does not depend on the
-compiler; the in-process tests, the executor-loss test's executors and the Scala suites run
-heapstate under C2."""
+compiler; the in-process tests, the executor-loss test's cluster executors and the Scala suites
+run heapstate under C2 (its uninterrupted reference runs in its driver, under C1)."""
 
 
 def job_submit_args(*java_options: str) -> str:

@@ -76,10 +76,11 @@ def spark_env() -> dict[str, str]:
     test's own (``SPARK_CONF_DIR`` unset: pyspark's ``conf`` folder, which a pip install does
     not have).
 
-    The driver and the daemons (master and workers) compile with C1 only and start from the
+    The drivers and the daemons (master and workers) compile with C1 only and start from the
     tests' class archive once it is written (``job_jvm.subprocess_java_options``), whose class
     path starts with that same ``conf`` folder: another folder there would leave the archive
-    unused. The executors, where heapstate's stores run, keep the JVM's default compilers.
+    unused. The cluster's executors, where the killed run's stores live, keep the JVM's default
+    compilers; the uninterrupted reference runs its stores in its ``local[2]`` driver, under C1.
     """
     env = dict(os.environ)
     env.pop("SPARK_CONF_DIR", None)

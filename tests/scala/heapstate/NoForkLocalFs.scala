@@ -30,10 +30,10 @@ import org.apache.hadoop.fs.permission.FsPermission
  * The same checksummed layer over the same raw local file system, with two methods replaced by
  * their Java equivalents: `setPermission` sets the same mode bits through `java.nio`, and
  * `getFileLinkStatus` of a path that is not a symbolic link is its `getFileStatus`, which is what
- * Hadoop returns once `readlink` prints nothing. heapstate's own local files do not go through
- * here (they take the FileSystem-based manager, `StateFiles.fastLocalManager`); its files off the
- * local disk in the tests (`StoreFixture.FileContextManager`), Spark's offset and commit logs and
- * the HDFS provider's files do. One thing tells it from Hadoop's: Spark's FileContext manager's
+ * Hadoop returns once `readlink` prints nothing. heapstate's new local files do not go through
+ * here (they take the FileSystem-based manager, `StateFiles.fastLocalManager`); the journals that
+ * replace one, its files off the local disk in the tests (`StoreFixture.FileContextManager`),
+ * Spark's offset and commit logs and the HDFS provider's files do. One thing tells it from Hadoop's: Spark's FileContext manager's
  * `isLocal`, which names Hadoop's two classes, is false here; nothing in Spark's streaming or in
  * heapstate asks it (heapstate asks `StateFiles.localFileSystem`).
  *

@@ -32,6 +32,7 @@ from typing import Any
 import heapstate
 import pytest
 from job_jvm import (  # noqa: F401  (the tests import them from here)
+    bench_java_option_args,
     job_submit_args,
     subprocess_java_options,
 )

@@ -39,6 +39,12 @@ def job_submit_args(*java_options: str) -> str:
     return _submit_args([*subprocess_java_options(), *java_options])
 
 
+def bench_java_option_args() -> list[str]:
+    """The ``--java-option`` arguments that give a ``bench/`` script's worker JVMs
+    :func:`subprocess_java_options` (``soak.py``, ``w1.py``, ``w5.py``)."""
+    return [f"--java-option={o}" for o in subprocess_java_options()]
+
+
 def _submit_args(java_options: list[str]) -> str:
     """``PYSPARK_SUBMIT_ARGS`` that give the driver JVM ``java_options``, as one quoted argument."""
     java = " ".join(java_options)

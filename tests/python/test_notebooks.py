@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import pytest
-from conftest import job_submit_args, subprocess_java_options
+from conftest import bench_java_option_args, job_submit_args
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"
@@ -57,9 +57,9 @@ def job_jvm_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def java_option_args() -> str:
     """The bench workers' ``--java-option`` arguments: they compile with C1 only and start from the
-    class archive once it is written (``job_jvm.subprocess_java_options``). The small size's
+    class archive once it is written (``job_jvm.bench_java_option_args``). The small size's
     figures are not the point here."""
-    return " ".join(f"--java-option={o}" for o in subprocess_java_options())
+    return " ".join(bench_java_option_args())
 
 
 W4_PROVIDERS = "hdfs,heapstate"

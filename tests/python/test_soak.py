@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import subprocess_java_options
+from conftest import bench_java_option_args
 
 REPO = Path(__file__).resolve().parents[2]
 SOAK = REPO / "bench" / "soak.py"
@@ -30,7 +30,7 @@ def test_fifty_batches_stay_bounded_and_equal_the_model(tmp_path: Path) -> None:
     args += ["--strict-lag-detection"]
     # C1 only and the class archive, as the other jobs' drivers (job_jvm.SUBPROCESS_JAVA_OPTIONS):
     # what this test checks (files, retained heap, state) does not depend on the compiler.
-    args += [f"--java-option={o}" for o in subprocess_java_options()]
+    args += bench_java_option_args()
     run = subprocess.run(
         [sys.executable, str(SOAK), *args, "--work-dir", str(tmp_path / "work")],
         capture_output=True,

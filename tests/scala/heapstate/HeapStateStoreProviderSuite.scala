@@ -103,6 +103,35 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     assert(!files(root).contains("2.hs-snapshot"), "the old lineage's snapshot of version 2 must go")
     assert(contents(p.getStore(2, None, false, false)) == Map(1L -> 1L, 3L -> 3L))
     assert(contents(provider(root).getReadStore(2, None)) == Map(1L -> 1L, 3L -> 3L))
+    // The journal was replaced by heapstate's own local manager, not Spark's FileContext-based one
+    // (which would leave a Hadoop .crc beside it): no hidden file, no temporary file left.
+    assert(storeDir(root).list().filter(_.startsWith(".")).isEmpty, storeDir(root).list().toSeq)
+    assert(p.journalsNotReplaced == 0)
+  }
+
+  test("a local journal replaced over one that has a Hadoop .crc beside it reads back as the new one") {
+    // Written first through Spark's FileContext-based manager, as an earlier heapstate wrote a
+    // re-run's journal: a checksummed layer puts a .crc beside each file, which Hadoop's reads check.
+    val root = tempDir()
+    val viaFileContext = Map(
+      heapstate.io.StateFiles.FileManagerClassKey -> StoreFixture.FileContextManager,
+      "spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "100"
+    )
+    val p = provider(root, viaFileContext)
+    val s0 = p.getStore(0, None, false, false); put(s0, 1, 1); s0.commit()
+    val s1 = p.getStore(1, None, false, false); put(s1, 2, 2); s1.commit()
+    p.close()
+    assert(storeDir(root).list().contains(".2.hs-journal.crc"), storeDir(root).list().toSeq)
+    // The same batch again, through heapstate's local manager, with other output.
+    val q = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "100"))
+    val retry = q.getStore(1, None, false, false); put(retry, 3, 3); retry.commit()
+    assert(q.journalsNotReplaced == 0)
+    assert(!storeDir(root).list().contains(".2.hs-journal.crc"), "the stale .crc must go with the old file")
+    assert(contents(provider(root).getReadStore(2, None)) == Map(1L -> 1L, 3L -> 3L))
+    // Hadoop's FileSystem reads (Spark's FileSystem-based manager) check a .crc that is there,
+    // and would fail on a stale one; its FileContext reads did not, in Hadoop 3.4.
+    val viaFileSystem = viaFileContext + (heapstate.io.StateFiles.FileManagerClassKey -> StoreFixture.FileSystemManager)
+    assert(contents(provider(root, viaFileSystem).getReadStore(2, None)) == Map(1L -> 1L, 3L -> 3L))
   }
 
   test("a version committed again through a manager that keeps the earlier file is counted and warned of") {

@@ -24,16 +24,16 @@ import org.apache.hadoop.fs.permission.FsPermission
  * `readlink` for each side of every rename (and of its `.crc` file's). Measured alone on 2 cores
  * (stop 59): the Scala suites forked 81,578 processes and ran for 389 s; with this, 675 and 165 s.
  * The randomized model tests took 56, 83, 61 and 51 s against 10, 11, 9 and 13: their re-run
- * versions replace journals, which heapstate writes through Spark's manager (only new files take
- * its own), and the test off the local disk writes every file through it.
+ * versions replaced journals, which heapstate wrote through Spark's manager until stop 60 (it now
+ * replaces them with its own), and the test off the local disk writes every file through it.
  *
  * The same checksummed layer over the same raw local file system, with two methods replaced by
  * their Java equivalents: `setPermission` sets the same mode bits through `java.nio`, and
  * `getFileLinkStatus` of a path that is not a symbolic link is its `getFileStatus`, which is what
- * Hadoop returns once `readlink` prints nothing. heapstate's new local files do not go through
- * here (they take the FileSystem-based manager, `StateFiles.fastLocalManager`); the journals that
- * replace one, its files off the local disk in the tests (`StoreFixture.FileContextManager`),
- * Spark's offset and commit logs and the HDFS provider's files do. One thing tells it from Hadoop's: Spark's FileContext manager's
+ * Hadoop returns once `readlink` prints nothing. heapstate's local files do not go through here
+ * (they take its own manager, `StateFiles.fastLocalManager`); its files off the local disk in the
+ * tests (`StoreFixture.FileContextManager`), Spark's offset and commit logs and the HDFS
+ * provider's files do. One thing tells it from Hadoop's: Spark's FileContext manager's
  * `isLocal`, which names Hadoop's two classes, is false here; nothing in Spark's streaming or in
  * heapstate asks it (heapstate asks `StateFiles.localFileSystem`).
  *

@@ -27,11 +27,11 @@ final class StateFiles(
     copyName: String = "") {
   private val fm = CheckpointFileManager.create(dir, hadoopConf)
   /**
-   * The local disk holding `dir` (see [[StateFiles.localFileSystem]]): its new files are written
+   * The local disk holding `dir` (see [[StateFiles.localFileSystem]]): its files are written
    * through the cheaper manager, and its snapshots mapped instead of read (see [[openSnapshot]]).
    */
   private val localFs = StateFiles.localFileSystem(dir, hadoopConf)
-  /** The cheaper manager for new local files; `fm` when there is none. See [[StateFiles.fastLocalManager]]. */
+  /** The cheaper manager for the local disk's files; `fm` when there is none. See [[StateFiles.fastLocalManager]]. */
   private val fastFm = localFs.map(StateFiles.fastLocalManager(dir, hadoopConf, _)).getOrElse(fm)
   @volatile private var dirReady = false
 
@@ -229,9 +229,7 @@ final class StateFiles(
   private def writeAtomically(kind: Kind, path: Path, copy: Option[java.io.File] = None)(
       body: java.io.OutputStream => Long): Long = {
     if (!dirReady) { fm.mkdirs(dir); dirReady = true }
-    // Only a file that does not exist yet may go through `fastFm`: its rename silently keeps an
-    // existing target. Overwrites (a re-run version) are rare and take Spark's default manager.
-    val out = (if ((fastFm ne fm) && !fastFm.exists(path)) fastFm else fm).createAtomic(path, true)
+    val out = fastFm.createAtomic(path, true)
     val copying = copy.map(new StateFiles.CopyingOutput(out, _))
     try {
       val size = body(copying.getOrElse(out))
@@ -466,10 +464,10 @@ object StateFiles {
   /**
    * Spark's default manager for a local path is the FileContext-based one, which, without
    * Hadoop's native library, forks `readlink` and `chmod` processes for every file (about 40 ms
-   * per write on a 2-core machine, measured). The FileSystem-based manager writes the same
-   * temporary file and renames it, atomically on a local disk, and forks nothing (see
-   * [[LocalFileManager]]); but when the target exists its rename fails and the old file silently
-   * stays, so it may only create new files.
+   * per write on a 2-core machine, measured). [[LocalFileManager]] writes the same temporary file
+   * and renames it over the target with one POSIX `rename`, atomic on a local disk, and forks
+   * nothing, whether or not the target exists (a re-run version's journal replaces the earlier
+   * one, as with Spark's default manager).
    * Elsewhere (HDFS, object stores), and whenever the user names a manager, Spark's choice stands:
    * this is for a `dir` on the local disk `raw`, as [[localFileSystem]] finds it.
    */
@@ -500,6 +498,15 @@ object StateFiles {
    * That fork took about 7 ms of a W5 task's commit (1.3 ms of it CPU), two fifths of the whole
    * commit. A `FileOutputStream` makes the file with the process's umask, as Hadoop's default
    * permission does.
+   *
+   * Nor is the finished file renamed through Hadoop: the FileSystem-based manager's rename keeps
+   * an existing target and reports nothing. `Files.move` with `ATOMIC_MOVE` is one `rename` call,
+   * which replaces the target at once. A target written by a checksummed Hadoop layer (Spark's
+   * default manager, or an earlier heapstate that wrote re-runs through it) may have a `.crc`
+   * beside it, which would not match the new file, and Hadoop's `FileSystem` reads check it (a
+   * stale one fails Spark's FileSystem-based manager's reads): it goes first,
+   * so a crash between the two steps leaves the old file without its `.crc`, which Hadoop reads
+   * unchecked (heapstate's own checksums still are).
    */
   private final class LocalFileManager(dir: Path, hadoopConf: Configuration,
       raw: org.apache.hadoop.fs.RawLocalFileSystem)
@@ -509,6 +516,15 @@ object StateFiles {
       val out = new java.io.BufferedOutputStream(new java.io.FileOutputStream(file), StateFileFormat.BufferBytes)
       new org.apache.hadoop.fs.FSDataOutputStream(out, null)
     }
+
+    override def renameTempFile(srcPath: Path, dstPath: Path, overwriteIfPossible: Boolean): Unit =
+      if (!overwriteIfPossible) super.renameTempFile(srcPath, dstPath, overwriteIfPossible)
+      else {
+        val dst = raw.pathToFile(dstPath)
+        java.nio.file.Files.deleteIfExists(new java.io.File(dst.getParentFile, s".${dst.getName}.crc").toPath)
+        java.nio.file.Files.move(raw.pathToFile(srcPath).toPath, dst.toPath,
+          java.nio.file.StandardCopyOption.ATOMIC_MOVE)
+      }
   }
 
   def missingJournal(dir: Path, version: Long, id: Option[String] = None): MissingStateFileException = {

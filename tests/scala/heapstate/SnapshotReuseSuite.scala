@@ -316,9 +316,10 @@ class SnapshotReuseSuite extends AnyFunSuite {
       files.list().find(f => f.kind == StateFileNames.Snapshot && f.version == v).get
     def bytesOf(f: StateFileNames.StateFile): Seq[Byte] =
       java.nio.file.Files.readAllBytes(new java.io.File(f.path.toUri.getPath).toPath).toSeq
-    /** The local copies the store keeps, by name, and their bytes. */
+    /** The local copies the store keeps, by name, and their bytes (not the directory's lock file). */
     def copies: Map[String, Seq[Byte]] =
       files.copyDirectory.toSeq.flatMap(d => Option(d.listFiles()).toSeq.flatten)
+        .filterNot(_.getName == StateFiles.OwnerFileName)
         .map(f => f.getName -> java.nio.file.Files.readAllBytes(f.toPath).toSeq).toMap
   }
 
@@ -385,7 +386,7 @@ class SnapshotReuseSuite extends AnyFunSuite {
       commit(0)(0L until 5000L)
       engine.snapshotIfDue(force = true)
       commit(1)(Seq(7L, 8L))
-      files.copyDirectory.get.listFiles().foreach(spoil)
+      files.copyDirectory.get.listFiles().filterNot(_.getName == StateFiles.OwnerFileName).foreach(spoil)
       assert(engine.snapshotIfDue(force = true).contains(2))
       assert(engine.snapshotBucketsReused == 0, s"buckets were copied from a $what local copy")
       assertHolds(files, snapshotFile(2), model)
@@ -463,6 +464,79 @@ class SnapshotReuseSuite extends AnyFunSuite {
       log.exists { case (level, m) =>
         level == "WARN" && m.contains(HeapStateConf.LocalCopyDir.key) && m.contains(bad.getPath)
       }, log)
+  }
+
+  test("off the local disk, a store deletes the directories of local copies that ended JVMs left, and only those") {
+    val root = new java.io.File(StoreFixture.tempDir())
+    /** A directory under `root` as a JVM leaves it, with an `.owner` file or without. */
+    def left(name: String, owner: Boolean): java.io.File = {
+      val d = new java.io.File(root, name)
+      assert(d.mkdirs())
+      java.nio.file.Files.write(new java.io.File(d, "7.hs-snapshot").toPath, Array[Byte](1, 2, 3))
+      if (owner) java.nio.file.Files.write(new java.io.File(d, StateFiles.OwnerFileName).toPath, Array.emptyByteArray)
+      d
+    }
+    val killed = left("heapstate-op0-p1-111", owner = true) // its JVM ended: nobody holds its .owner
+    val older = left("heapstate-op0-p2-222", owner = false) // no .owner: a heapstate before claims
+    val notOurs = left("spark-333", owner = true)
+    val live = left("heapstate-op0-p3-444", owner = true)
+    /** A process that locks `file` as another JVM's claim does (POSIX record locks), until killed. */
+    def holder(file: java.io.File): Process = {
+      val p = new ProcessBuilder(
+        "python3",
+        "-c",
+        "import fcntl, sys, time\nf = open(sys.argv[1], 'r+')\nfcntl.lockf(f, fcntl.LOCK_EX)\n" +
+          "print('locked', flush=True)\ntime.sleep(300)",
+        file.getPath
+      ).redirectErrorStream(true).start()
+      val line = new java.io.BufferedReader(new java.io.InputStreamReader(p.getInputStream)).readLine()
+      assert(line == "locked", s"the lock holder said $line")
+      p
+    }
+    /** Whether another process can lock `file` now (the holder's script, without waiting). */
+    def lockableElsewhere(file: java.io.File): Boolean = {
+      val p = new ProcessBuilder(
+        "python3",
+        "-c",
+        "import fcntl, sys\nf = open(sys.argv[1], 'r+')\ntry:\n  fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n" +
+          "except OSError:\n  sys.exit(3)",
+        file.getPath
+      ).start()
+      val code = p.waitFor()
+      assert(code == 0 || code == 3, s"the lock probe exited $code")
+      code == 0
+    }
+    val liveHolder = holder(new java.io.File(live, StateFiles.OwnerFileName))
+    try {
+      // The first store of this JVM to make a directory under the root sweeps it.
+      val first = new StateFiles(new Path(StoreFixture.tempDir(), "store"), offLocal(), 0, Seq(root), "op0-p0")
+      val logger = classOf[StateFiles].getName
+      val level = org.apache.logging.log4j.LogManager.getLogger(logger).getLevel
+      org.apache.logging.log4j.core.config.Configurator.setLevel(logger, org.apache.logging.log4j.Level.INFO)
+      val (_, log) =
+        try StoreFixture.logged(classOf[StateFiles])(assert(first.openCopy(1, None, 100).isEmpty))
+        finally org.apache.logging.log4j.core.config.Configurator.setLevel(logger, level)
+      val mine = first.copyDirectory.get
+      assert(!killed.exists(), "the directory a killed JVM left was kept")
+      assert(log.exists { case (level, m) => level == "INFO" && m.contains(killed.getPath) }, log)
+      assert(older.exists() && notOurs.exists() && live.exists())
+      val mineOwner = new java.io.File(mine, StateFiles.OwnerFileName)
+      assert(mineOwner.isFile && !lockableElsewhere(mineOwner), "this JVM holds no lock on its own directory")
+      // A sweep keeps this JVM's directory, under another path to it too, and keeps holding its lock.
+      val aliased = new java.io.File(StoreFixture.tempDir(), "alias")
+      java.nio.file.Files.createSymbolicLink(aliased.toPath, root.toPath)
+      assert(StateFiles.sweep(root) == 0 && StateFiles.sweep(aliased) == 0)
+      assert(mine.isDirectory && !lockableElsewhere(mineOwner), "a sweep dropped this JVM's lock")
+      // Its copies come and go; its lock file stays.
+      first.retainCopy(None)
+      assert(mineOwner.isFile && !lockableElsewhere(mineOwner))
+      // Once the live process ends, its directory is left behind too.
+      liveHolder.destroyForcibly().waitFor()
+      assert(StateFiles.sweep(root) == 1 && !live.exists())
+      assert(older.exists() && notOurs.exists() && mine.isDirectory)
+      first.deleteCopies()
+      assert(!mine.exists())
+    } finally liveHolder.destroyForcibly()
   }
 
   test("a directory of local copies is named after its store's operator, partition and store name") {

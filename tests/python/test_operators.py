@@ -121,19 +121,20 @@ def test_streaming_aggregation_off_the_local_disk(
     # an object store), writes each snapshot's bytes to a local copy too, copies unchanged
     # buckets from that copy, and after the restart copies its snapshot to the local disk and
     # maps it there. Spark's FileContext-based manager is its default for HDFS and object stores.
-    # The copies go under Spark's local directories, or under localCopyDir, which the first
-    # store to need it makes. The first store to make its directory under a root deletes the
-    # directories there that a killed JVM left: those whose .owner no process holds a lock on.
+    # The copies go under Spark's local directories, or under the roots localCopyDir names,
+    # which the stores take in turn and the first store to need one makes. The first store to
+    # make its directory under a root deletes the directories there that a killed JVM left:
+    # those whose .owner no process holds a lock on.
     source = Source("k STRING, v INT", rows_of(AGG_BATCHES))
-    copies = tmp_path / "copies"
+    copies, swept = tmp_path / "copies", tmp_path / "swept"
     confs = {CHECKPOINT_MANAGER: FILE_CONTEXT_MANAGER}
-    left = {name: copies / name for name in ("heapstate-op0-p0-killed", "heapstate-op0-p1-older")}
+    killed, older = swept / "heapstate-op0-p0-pid1-killed", swept / "heapstate-op0-p1-older"
     if copy_dir == "given":
-        confs[LOCAL_COPY_DIR] = str(copies)
-        for d in left.values():
+        confs[LOCAL_COPY_DIR] = f"{copies},{swept}"
+        for d in (killed, older):
             d.mkdir(parents=True)
             (d / "3.hs-snapshot").write_bytes(b"a copy")
-        (left["heapstate-op0-p0-killed"] / ".owner").touch()  # an earlier heapstate made no .owner
+        (killed / ".owner").touch()  # older has none, as an earlier heapstate made
     with session_confs(spark, confs):
         run = run_on_both_providers(spark, tmp_path, {"in": source}, build_aggregation, "update")
 
@@ -143,8 +144,8 @@ def test_streaming_aggregation_off_the_local_disk(
     assert snapshots, "no snapshot was written: the restart read journals alone"
     assert copies.is_dir() == (copy_dir == "given"), "localCopyDir was not made, or made unasked"
     if copy_dir == "given":
-        assert not left["heapstate-op0-p0-killed"].exists(), "the copies a killed JVM left stayed"
-        assert (left["heapstate-op0-p1-older"] / "3.hs-snapshot").is_file()
+        assert not killed.exists(), "the copies a killed JVM left stayed"
+        assert (older / "3.hs-snapshot").is_file()
 
 
 AGG_STATE_FORMAT = "spark.sql.streaming.aggregation.stateFormatVersion"

@@ -319,7 +319,7 @@ class SnapshotReuseSuite extends AnyFunSuite {
     /** The local copies the store keeps, by name, and their bytes (not the directory's lock file). */
     def copies: Map[String, Seq[Byte]] =
       files.copyDirectory.toSeq.flatMap(d => Option(d.listFiles()).toSeq.flatten)
-        .filterNot(_.getName == StateFiles.OwnerFileName)
+        .filterNot(_.getName == CopyDirs.OwnerFileName)
         .map(f => f.getName -> java.nio.file.Files.readAllBytes(f.toPath).toSeq).toMap
   }
 
@@ -366,6 +366,8 @@ class SnapshotReuseSuite extends AnyFunSuite {
     assertHolds(files, snapshotFile(4), model)
     assert(copies == Map(snapshotFile(4).path.getName -> bytesOf(snapshotFile(4))))
     val dir = files.copyDirectory.get
+    assert(dir != removed && new java.io.File(dir, CopyDirs.OwnerFileName).isFile,
+      "the directory made again is not claimed")
     engine.close()
     assert(!dir.exists(), s"close left $dir")
   }
@@ -386,7 +388,7 @@ class SnapshotReuseSuite extends AnyFunSuite {
       commit(0)(0L until 5000L)
       engine.snapshotIfDue(force = true)
       commit(1)(Seq(7L, 8L))
-      files.copyDirectory.get.listFiles().filterNot(_.getName == StateFiles.OwnerFileName).foreach(spoil)
+      files.copyDirectory.get.listFiles().filterNot(_.getName == CopyDirs.OwnerFileName).foreach(spoil)
       assert(engine.snapshotIfDue(force = true).contains(2))
       assert(engine.snapshotBucketsReused == 0, s"buckets were copied from a $what local copy")
       assertHolds(files, snapshotFile(2), model)
@@ -473,7 +475,7 @@ class SnapshotReuseSuite extends AnyFunSuite {
       val d = new java.io.File(root, name)
       assert(d.mkdirs())
       java.nio.file.Files.write(new java.io.File(d, "7.hs-snapshot").toPath, Array[Byte](1, 2, 3))
-      if (owner) java.nio.file.Files.write(new java.io.File(d, StateFiles.OwnerFileName).toPath, Array.emptyByteArray)
+      if (owner) java.nio.file.Files.write(new java.io.File(d, CopyDirs.OwnerFileName).toPath, Array.emptyByteArray)
       d
     }
     val killed = left("heapstate-op0-p1-111", owner = true) // its JVM ended: nobody holds its .owner
@@ -506,33 +508,34 @@ class SnapshotReuseSuite extends AnyFunSuite {
       assert(code == 0 || code == 3, s"the lock probe exited $code")
       code == 0
     }
-    val liveHolder = holder(new java.io.File(live, StateFiles.OwnerFileName))
+    val liveHolder = holder(new java.io.File(live, CopyDirs.OwnerFileName))
     try {
       // The first store of this JVM to make a directory under the root sweeps it.
       val first = new StateFiles(new Path(StoreFixture.tempDir(), "store"), offLocal(), 0, Seq(root), "op0-p0")
-      val logger = classOf[StateFiles].getName
+      val logger = CopyDirs.getClass.getName
       val level = org.apache.logging.log4j.LogManager.getLogger(logger).getLevel
       org.apache.logging.log4j.core.config.Configurator.setLevel(logger, org.apache.logging.log4j.Level.INFO)
       val (_, log) =
-        try StoreFixture.logged(classOf[StateFiles])(assert(first.openCopy(1, None, 100).isEmpty))
+        try StoreFixture.logged(CopyDirs.getClass)(assert(first.openCopy(1, None, 100).isEmpty))
         finally org.apache.logging.log4j.core.config.Configurator.setLevel(logger, level)
       val mine = first.copyDirectory.get
+      assert(mine.getName.startsWith(s"heapstate-op0-p0-pid${ProcessHandle.current.pid}-"), mine.getName)
       assert(!killed.exists(), "the directory a killed JVM left was kept")
       assert(log.exists { case (level, m) => level == "INFO" && m.contains(killed.getPath) }, log)
       assert(older.exists() && notOurs.exists() && live.exists())
-      val mineOwner = new java.io.File(mine, StateFiles.OwnerFileName)
+      val mineOwner = new java.io.File(mine, CopyDirs.OwnerFileName)
       assert(mineOwner.isFile && !lockableElsewhere(mineOwner), "this JVM holds no lock on its own directory")
       // A sweep keeps this JVM's directory, under another path to it too, and keeps holding its lock.
       val aliased = new java.io.File(StoreFixture.tempDir(), "alias")
       java.nio.file.Files.createSymbolicLink(aliased.toPath, root.toPath)
-      assert(StateFiles.sweep(root) == 0 && StateFiles.sweep(aliased) == 0)
+      assert(CopyDirs.sweep(root) == 0 && CopyDirs.sweep(aliased) == 0)
       assert(mine.isDirectory && !lockableElsewhere(mineOwner), "a sweep dropped this JVM's lock")
       // Its copies come and go; its lock file stays.
       first.retainCopy(None)
       assert(mineOwner.isFile && !lockableElsewhere(mineOwner))
       // Once the live process ends, its directory is left behind too.
       liveHolder.destroyForcibly().waitFor()
-      assert(StateFiles.sweep(root) == 1 && !live.exists())
+      assert(CopyDirs.sweep(root) == 1 && !live.exists())
       assert(older.exists() && notOurs.exists() && mine.isDirectory)
       first.deleteCopies()
       assert(!mine.exists())

@@ -4,8 +4,10 @@ package heapstate.bench
  * What a re-run version's commit costs on the local disk: checkpoint format 1 commits a retried
  * batch's version again, and its journal replaces the earlier file. Each provider commits
  * versions 1 to 10 of `--keys` keys, then `--reruns` times commits version 11 again from version
- * 10 (`--puts` puts each, different values each time), then as many new versions after it. It
- * prints the median wall time of a commit of each kind and the processes the JVM forked per
+ * 10 (`--puts` puts each, different values each time), then as many new versions after it. A
+ * re-run's time includes its `getStore`, which takes the store back from version 11 to 10 (as a
+ * retried task does), besides the puts and the commit; so does a new version's, without going
+ * back. It prints the median wall time of a version of each kind and the processes the JVM forked per
  * commit (the `processes` line of `/proc/stat`, which counts the whole machine's, so run it on an
  * idle machine).
  * {{{
@@ -23,8 +25,8 @@ object RerunCommit {
     val row = BenchStores.longRow()
     val value = BenchStores.longRow()
     def forked(): Long =
-      scala.io.Source.fromFile("/proc/stat").getLines().find(_.startsWith("processes ")).map(_.split(" ")(1).toLong)
-        .getOrElse(-1L)
+      java.nio.file.Files.readAllLines(java.nio.file.Paths.get("/proc/stat")).toArray.map(_.toString)
+        .find(_.startsWith("processes ")).map(_.split(" ")(1).toLong).getOrElse(-1L)
     println(f"${"provider"}%-18s ${"kind"}%-12s ${"median ms"}%10s ${"forks each"}%11s")
     for (p <- providers) {
       val root = java.nio.file.Files.createTempDirectory("rerun-").toFile

@@ -45,17 +45,17 @@ final class StateFiles(
    * does from the file itself, and a restart's state loads its buckets from it instead of holding
    * the snapshot's body on the heap. The copies go in a directory of this store's own under one
    * of `copyRoots` (Spark's local directories by default, see [[StateFiles.sparkLocalDirs]]; none
-   * turns copies off), made when first needed and held by this JVM ([[StateFiles.claim]]; the
-   * first under a root deletes those there that ended JVMs left, [[StateFiles.sweep]]);
-   * [[retainCopy]] keeps one, [[deleteCopies]] removes the directory. A copy that cannot be written costs only what it would have saved:
-   * the snapshot is compressed whole, the state read onto the heap.
+   * turns copies off), made when first needed ([[CopyDirs.make]], which also deletes those that
+   * killed JVMs left); [[retainCopy]] keeps one, [[deleteCopies]] removes the directory. A copy
+   * that cannot be written costs only what it would have saved: the snapshot is compressed
+   * whole, the state read onto the heap.
    */
   private var copyDir: java.io.File = null
   private var copyDirFailed = false
   /**
-   * The copy directory's name before its random part: `copyName` (the provider's names the
-   * operator, partition and store, see [[StateFiles.copyNameOf]]) or the partition, made safe
-   * for a file name.
+   * The copy directory's name before its process id and random part (see [[CopyDirs.make]]):
+   * `copyName` (the provider's names the operator, partition and store, see
+   * [[StateFiles.copyNameOf]]) or the partition, made safe for a file name.
    */
   private val copyPrefix =
     "heapstate-" + (if (copyName.isEmpty) s"p$partition" else copyName).replaceAll("[^A-Za-z0-9_.-]", "_") + "-"
@@ -63,8 +63,7 @@ final class StateFiles(
   /** The directory of the local copies, made now if needed; `None` when it cannot be. */
   private def copies(): Option[java.io.File] = synchronized {
     if (copyDir != null && !copyDir.isDirectory) { // removed from outside (a cleaner of /tmp): made again
-      StateFiles.copyDirs.remove(copyDir)
-      StateFiles.release(copyDir)
+      CopyDirs.forget(copyDir)
       copyDir = null
     }
     if (copyDir == null && !copyDirFailed && copyRoots.nonEmpty) {
@@ -73,16 +72,10 @@ final class StateFiles(
       val start = Math.floorMod(StateFiles.nextRoot.getAndIncrement(), copyRoots.length)
       val failures = Seq.newBuilder[String]
       (copyRoots.drop(start) ++ copyRoots.take(start)).iterator.takeWhile(_ => copyDir == null).foreach { root =>
-        try {
-          java.nio.file.Files.createDirectories(root.toPath)
-          StateFiles.sweepOnce(root)
-          val made = java.nio.file.Files.createTempDirectory(root.toPath, copyPrefix).toFile
-          StateFiles.claim(made)
-          copyDir = made
-        } catch { case NonFatal(e) => failures += s"$root: $e" }
+        try copyDir = CopyDirs.make(root, copyPrefix)
+        catch { case NonFatal(e) => failures += s"$root: $e" }
       }
-      if (copyDir != null) StateFiles.copyDirs.add(copyDir)
-      else {
+      if (copyDir == null) {
         copyDirFailed = true
         StateFiles.log.warn(s"Cannot make a directory for local copies of the snapshots of $dir " +
           s"(see ${heapstate.HeapStateConf.LocalCopyDir.key}); every snapshot of it is compressed whole and read onto the heap: " +
@@ -120,16 +113,14 @@ final class StateFiles(
     val dir = synchronized(copyDir)
     if (dir != null) {
       Option(dir.listFiles()).toSeq.flatten
-        .filterNot(f => kept.contains(f) || f.getName.startsWith(StateFiles.OwnerFileName)).foreach(f => f.delete())
+        .filterNot(f => kept.contains(f) || CopyDirs.isOwnerFile(f)).foreach(f => f.delete())
     }
   }
 
   /** Deletes the local copies and their directory (a later snapshot makes a new one). */
   def deleteCopies(): Unit = synchronized {
     if (copyDir != null) {
-      StateFiles.deleteDir(copyDir)
-      StateFiles.copyDirs.remove(copyDir)
-      StateFiles.release(copyDir)
+      CopyDirs.delete(copyDir)
       copyDir = null
     }
   }
@@ -348,131 +339,6 @@ final class StateFiles(
 object StateFiles {
   private val log = org.slf4j.LoggerFactory.getLogger(classOf[StateFiles])
 
-  /**
-   * The directories of local copies of the stores not closed yet, deleted when the JVM exits: an
-   * executor that ends without closing its stores (Spark's doesn't, at its end) leaves none
-   * behind, unless it is killed.
-   */
-  private val copyDirs: java.util.Set[java.io.File] = {
-    val dirs = java.util.concurrent.ConcurrentHashMap.newKeySet[java.io.File]()
-    Runtime.getRuntime.addShutdownHook(new Thread(() => dirs.forEach(d => deleteDir(d)), "heapstate-copies-cleanup"))
-    dirs
-  }
-
-  /**
-   * The file in a directory of local copies on which the JVM that made it holds a lock for as
-   * long as it lives (see [[claim]]). The operating system drops the lock when the process ends,
-   * however it ends, so a directory whose `.owner` no process holds is one its JVM left behind:
-   * killed, or lost with its executor, without running its shutdown hook (see [[sweep]]).
-   */
-  private[heapstate] val OwnerFileName = ".owner"
-
-  /** Guards [[claim]], [[release]] and [[sweep]] against each other within this JVM. */
-  private val ownership = new Object
-  /**
-   * This JVM's locks on its directories of local copies, by directory (see [[claim]]), with the
-   * `.owner` file's key (its device and inode), which tells it under any other path.
-   */
-  private val ownerLocks = new java.util.HashMap[java.io.File, (java.nio.channels.FileChannel, AnyRef)]()
-  /** The roots of local copies this JVM has swept (see [[sweepOnce]]). */
-  private val sweptRoots = java.util.concurrent.ConcurrentHashMap.newKeySet[java.io.File]()
-
-  /**
-   * Makes `dir` this JVM's: an exclusive lock on its [[OwnerFileName]], taken on a temporary
-   * name and then renamed (the lock stays with the file), so that a sweep never finds an `.owner`
-   * nobody holds yet. A file system without locks leaves the directory unclaimed, which a sweep
-   * never deletes: the copies still work, as they did before claims.
-   */
-  private[io] def claim(dir: java.io.File): Unit = ownership.synchronized {
-    var channel: java.nio.channels.FileChannel = null
-    val tmp = new java.io.File(dir, OwnerFileName + ".tmp")
-    try {
-      channel = java.nio.channels.FileChannel.open(tmp.toPath, java.nio.file.StandardOpenOption.CREATE_NEW,
-        java.nio.file.StandardOpenOption.WRITE)
-      channel.lock()
-      val key = fileKey(tmp.toPath) // the same file's after the move: the move is the last step that may fail
-      java.nio.file.Files.move(tmp.toPath, new java.io.File(dir, OwnerFileName).toPath,
-        java.nio.file.StandardCopyOption.ATOMIC_MOVE)
-      ownerLocks.put(dir.getAbsoluteFile, (channel, key))
-    } catch {
-      case NonFatal(e) =>
-        if (channel != null)
-          try channel.close()
-          catch { case NonFatal(c) => e.addSuppressed(c) }
-        tmp.delete()
-        log.info(s"Cannot claim the directory of local copies $dir; a JVM that later finds it left behind " +
-          s"will not delete it: $e")
-    }
-  }
-
-  /** Drops this JVM's claim on `dir` (see [[claim]]), once it is deleted or given up. */
-  private[io] def release(dir: java.io.File): Unit = ownership.synchronized {
-    Option(ownerLocks.remove(dir.getAbsoluteFile)).foreach { case (c, _) =>
-      try c.close()
-      catch { case NonFatal(_) => () }
-    }
-  }
-
-  /** The key of `f` (its device and inode), or null where the platform has none. */
-  private def fileKey(f: java.nio.file.Path): AnyRef =
-    java.nio.file.Files.readAttributes(f, classOf[java.nio.file.attribute.BasicFileAttributes]).fileKey()
-
-  /** Whether `owner` is the `.owner` of one of this JVM's directories, under whatever path. */
-  private def ownOwner(dir: java.io.File, owner: java.io.File): Boolean =
-    ownerLocks.containsKey(dir.getAbsoluteFile) || {
-      val key = fileKey(owner.toPath)
-      key != null && ownerLocks.values.stream.anyMatch(_._2 == key)
-    }
-
-  /** [[sweep]]s `root` the first time this JVM makes a directory of local copies under it. */
-  private[io] def sweepOnce(root: java.io.File): Unit =
-    if (sweptRoots.add(root.getAbsoluteFile)) {
-      try sweep(root)
-      catch { case NonFatal(e) => log.warn(s"Could not look for local copies left behind under $root: $e") }
-    }
-
-  /**
-   * Deletes the directories of local copies under `root` that a JVM left behind (see
-   * [[OwnerFileName]]): those named `heapstate-*` whose `.owner` no process holds a lock on.
-   * Spark's scratch directories outlive an executor on a YARN node (the application's, shared by
-   * its containers) and on a host that runs the driver in local mode, so without this a long
-   * query that loses executors would keep their copies until the application ends. Kept: this
-   * JVM's own directories (never opened, since closing any channel on a locked file drops the
-   * JVM's lock on it), those of live processes, and those without an `.owner` (a heapstate before
-   * this one, or a file system without locks). Returns how many it deleted.
-   */
-  private[heapstate] def sweep(root: java.io.File): Int = ownership.synchronized {
-    val left = Option(root.listFiles()).toSeq.flatten.filter(d => d.getName.startsWith("heapstate-") && leftBehind(d))
-    left.foreach { d =>
-      val bytes = Option(d.listFiles()).toSeq.flatten.map(_.length).sum
-      deleteDir(d) // nobody claims a directory that exists: only a sweep of another JVM may race this one
-      log.info(s"Deleted $d ($bytes bytes): local copies of snapshots that a JVM left behind when it ended " +
-        "without removing them")
-    }
-    left.size
-  }
-
-  /** Whether `dir` has an `.owner` that is not this JVM's and that no process holds (see [[sweep]]). */
-  private def leftBehind(dir: java.io.File): Boolean = {
-    val owner = new java.io.File(dir, OwnerFileName)
-    try owner.isFile && !ownOwner(dir, owner) && unheld(owner)
-    catch {
-      case NonFatal(e) =>
-        log.debug(s"Could not tell whether $dir is left behind: $e")
-        false
-    }
-  }
-
-  /**
-   * Whether no process holds a lock on `owner`: a shared lock needs only read access, and an
-   * owner's exclusive lock refuses it. Never for this JVM's own (see [[ownOwner]]).
-   */
-  private def unheld(owner: java.io.File): Boolean = {
-    val channel = java.nio.channels.FileChannel.open(owner.toPath, java.nio.file.StandardOpenOption.READ)
-    try channel.tryLock(0L, Long.MaxValue, true) != null
-    finally channel.close()
-  }
-
   /** The JVM's temporary directory (`java.io.tmpdir`), as the one root for local copies. */
   def tempDirRoot: Seq[java.io.File] = Seq(new java.io.File(System.getProperty("java.io.tmpdir")))
 
@@ -524,11 +390,6 @@ object StateFiles {
     val in = new java.io.FileInputStream(f)
     try StateFileReader.openSnapshot(in, length, path, version, Some(f))
     finally in.close()
-  }
-
-  private def deleteDir(d: java.io.File): Unit = {
-    Option(d.listFiles()).toSeq.flatten.foreach(_.delete())
-    d.delete()
   }
 
   /**
@@ -641,10 +502,15 @@ object StateFiles {
     override def renameTempFile(srcPath: Path, dstPath: Path, overwriteIfPossible: Boolean): Unit =
       if (!overwriteIfPossible) super.renameTempFile(srcPath, dstPath, overwriteIfPossible)
       else {
-        val dst = raw.pathToFile(dstPath)
-        java.nio.file.Files.deleteIfExists(new java.io.File(dst.getParentFile, s".${dst.getName}.crc").toPath)
-        java.nio.file.Files.move(raw.pathToFile(srcPath).toPath, dst.toPath,
-          java.nio.file.StandardCopyOption.ATOMIC_MOVE)
+        val (src, dst) = (raw.pathToFile(srcPath), raw.pathToFile(dstPath))
+        try {
+          java.nio.file.Files.deleteIfExists(new java.io.File(dst.getParentFile, s".${dst.getName}.crc").toPath)
+          java.nio.file.Files.move(src.toPath, dst.toPath, java.nio.file.StandardCopyOption.REPLACE_EXISTING,
+            java.nio.file.StandardCopyOption.ATOMIC_MOVE)
+        } catch {
+          // Spark's stream has marked itself closed, so its cancel would leave the temporary file.
+          case e: java.io.IOException => src.delete(); throw e
+        }
       }
   }
 

@@ -486,9 +486,9 @@ object StateFiles {
    * which replaces the target at once. A target written by a checksummed Hadoop layer (Spark's
    * default manager, or an earlier heapstate that wrote re-runs through it) may have a `.crc`
    * beside it, which would not match the new file, and Hadoop's `FileSystem` reads check it (a
-   * stale one fails Spark's FileSystem-based manager's reads): it goes first,
-   * so a crash between the two steps leaves the old file without its `.crc`, which Hadoop reads
-   * unchecked (heapstate's own checksums still are).
+   * stale one fails Spark's FileSystem-based manager's reads). It goes first, so a crash between
+   * the two steps leaves the old file without its `.crc`, which Hadoop reads unchecked
+   * (heapstate's own checksums still are checked).
    */
   private final class LocalFileManager(dir: Path, hadoopConf: Configuration,
       raw: org.apache.hadoop.fs.RawLocalFileSystem)

@@ -128,7 +128,7 @@ def test_streaming_aggregation_off_the_local_disk(
     source = Source("k STRING, v INT", rows_of(AGG_BATCHES))
     copies, swept = tmp_path / "copies", tmp_path / "swept"
     confs = {CHECKPOINT_MANAGER: FILE_CONTEXT_MANAGER}
-    killed, older = swept / "heapstate-op0-p0-pid1-killed", swept / "heapstate-op0-p1-older"
+    killed, older = swept / "heapstate-op0-p0-killed", swept / "heapstate-op0-p1-older"
     if copy_dir == "given":
         confs[LOCAL_COPY_DIR] = f"{copies},{swept}"
         for d in (killed, older):

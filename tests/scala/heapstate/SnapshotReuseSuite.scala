@@ -482,29 +482,25 @@ class SnapshotReuseSuite extends AnyFunSuite {
     val older = left("heapstate-op0-p2-222", owner = false) // no .owner: a heapstate before claims
     val notOurs = left("spark-333", owner = true)
     val live = left("heapstate-op0-p3-444", owner = true)
+    /** `python3` running `script` on `file` (its `sys.argv[1]`). */
+    def python(script: String, file: java.io.File): Process =
+      new ProcessBuilder("python3", "-c", script, file.getPath).redirectErrorStream(true).start()
     /** A process that locks `file` as another JVM's claim does (POSIX record locks), until killed. */
     def holder(file: java.io.File): Process = {
-      val p = new ProcessBuilder(
-        "python3",
-        "-c",
+      val p = python(
         "import fcntl, sys, time\nf = open(sys.argv[1], 'r+')\nfcntl.lockf(f, fcntl.LOCK_EX)\n" +
           "print('locked', flush=True)\ntime.sleep(300)",
-        file.getPath
-      ).redirectErrorStream(true).start()
+        file)
       val line = new java.io.BufferedReader(new java.io.InputStreamReader(p.getInputStream)).readLine()
       assert(line == "locked", s"the lock holder said $line")
       p
     }
     /** Whether another process can lock `file` now (the holder's script, without waiting). */
     def lockableElsewhere(file: java.io.File): Boolean = {
-      val p = new ProcessBuilder(
-        "python3",
-        "-c",
+      val code = python(
         "import fcntl, sys\nf = open(sys.argv[1], 'r+')\ntry:\n  fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n" +
           "except OSError:\n  sys.exit(3)",
-        file.getPath
-      ).start()
-      val code = p.waitFor()
+        file).waitFor()
       assert(code == 0 || code == 3, s"the lock probe exited $code")
       code == 0
     }

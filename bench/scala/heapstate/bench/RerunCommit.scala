@@ -7,9 +7,9 @@ package heapstate.bench
  * 10 (`--puts` puts each, different values each time), then as many new versions after it. A
  * re-run's time includes its `getStore`, which takes the store back from version 11 to 10 (as a
  * retried task does), besides the puts and the commit; so does a new version's, without going
- * back. It prints the median wall time of a version of each kind and the processes the JVM forked per
- * commit (the `processes` line of `/proc/stat`, which counts the whole machine's, so run it on an
- * idle machine).
+ * back. It prints the median wall time of a version of each kind and the processes forked per
+ * version (the `processes` line of `/proc/stat`, which counts the whole machine's, so run it on
+ * an idle machine).
  * {{{
  *   bin/sbt "bench/runMain heapstate.bench.RerunCommit"
  *   bin/sbt "bench/runMain heapstate.bench.RerunCommit --providers hdfs,heapstate --reruns 400"

@@ -122,19 +122,15 @@ private[heapstate] object CopyDirs {
   /**
    * Deletes the directories of copies under `root` that a JVM left behind: those named
    * `heapstate-*`, not this JVM's, whose `.owner` no process holds a lock on. Decides under
-   * [[ownership]] and deletes after, the `.owner` last, so that a sweep cut short leaves a
-   * directory the next one still finds. Returns how many it deleted.
+   * [[ownership]] and deletes after (see [[deleteDir]]). Returns how many it deleted.
    */
   def sweep(root: File): Int = {
     val left = ownership.synchronized {
       Option(root.listFiles()).toSeq.flatten.filter(d => d.getName.startsWith("heapstate-") && leftBehind(d))
     }
     left.count { d =>
-      val files = Option(d.listFiles()).toSeq.flatten
-      val bytes = files.map(_.length).sum
-      val (owner, copies) = files.partition(_.getName == OwnerFileName)
-      (copies ++ owner).foreach(_.delete())
-      d.delete()
+      val bytes = Option(d.listFiles()).toSeq.flatten.map(_.length).sum
+      deleteDir(d)
       if (d.exists()) log.warn(s"Could not delete all of $d, local copies of snapshots that a JVM left behind")
       else log.info(s"Deleted $d ($bytes bytes): local copies of snapshots that a JVM left behind when it ended")
       !d.exists()
@@ -162,8 +158,13 @@ private[heapstate] object CopyDirs {
     finally channel.close()
   }
 
+  /**
+   * Deletes the directory `d` and its files, its `.owner` last, so that a deletion cut short
+   * (a sweep's, or this JVM's killed meanwhile) leaves a directory the next sweep still finds.
+   */
   private def deleteDir(d: File): Unit = {
-    Option(d.listFiles()).toSeq.flatten.foreach(_.delete())
+    val (owner, copies) = Option(d.listFiles()).toSeq.flatten.partition(_.getName == OwnerFileName)
+    (copies ++ owner).foreach(_.delete())
     d.delete()
   }
 }

@@ -377,7 +377,7 @@ object StateFiles {
   /** The temporary file a local copy `f` is written to before [[moveIntoPlace]]. */
   private def tmpOf(f: java.io.File): java.io.File = new java.io.File(f.getParentFile, f.getName + ".tmp")
 
-  /** Renames the whole local copy `tmp` to `to` at once, replacing an older one. */
+  /** Renames the whole file `tmp` to `to` at once (one POSIX `rename`), replacing an older one. */
   private def moveIntoPlace(tmp: java.io.File, to: java.io.File): Unit =
     java.nio.file.Files.move(tmp.toPath, to.toPath, java.nio.file.StandardCopyOption.REPLACE_EXISTING,
       java.nio.file.StandardCopyOption.ATOMIC_MOVE)
@@ -505,8 +505,7 @@ object StateFiles {
         val (src, dst) = (raw.pathToFile(srcPath), raw.pathToFile(dstPath))
         try {
           java.nio.file.Files.deleteIfExists(new java.io.File(dst.getParentFile, s".${dst.getName}.crc").toPath)
-          java.nio.file.Files.move(src.toPath, dst.toPath, java.nio.file.StandardCopyOption.REPLACE_EXISTING,
-            java.nio.file.StandardCopyOption.ATOMIC_MOVE)
+          moveIntoPlace(src, dst)
         } catch {
           // Spark's stream has marked itself closed, so its cancel would leave the temporary file.
           case e: java.io.IOException => src.delete(); throw e

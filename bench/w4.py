@@ -781,6 +781,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--jar", help="the heapstate jar (default: heapstate.jar_path())")
     parser.add_argument("--driver-memory", default="4g", help="every worker's driver heap")
     parser.add_argument(
+        "--java-option",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="an extra option for every worker JVM, such as -XX:TieredStopAtLevel=1 "
+        "(repeatable; one word each)",
+    )
+    parser.add_argument(
         "--conf",
         action="append",
         default=[],
@@ -880,6 +888,7 @@ def main(argv: list[str] | None = None) -> int:
         "isolation": args.isolation,
         "warmup": args.warmup,
         "driver_memory": args.driver_memory,
+        "java_options": args.java_option,
         "delta_jar_version": jar_version,
         "providers": [p.name for p in providers],
         "spark_confs": parse_confs(args.conf),
@@ -920,7 +929,11 @@ def main(argv: list[str] | None = None) -> int:
             spec_path = work_root / f"{proc['process']}.spec.json"
             spec_path.write_text(json.dumps(spec, indent=2))
             jars = [jar_copy] if jar_copy and any(p.needs_jar for p in proc["providers"]) else []
-            env = {"PYSPARK_SUBMIT_ARGS": pyspark_submit_args(args.driver_memory, jars)}
+            env = {
+                "PYSPARK_SUBMIT_ARGS": pyspark_submit_args(
+                    args.driver_memory, jars, java_options=args.java_option
+                )
+            }
             try:
                 run_worker(
                     python,
@@ -951,7 +964,9 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\nW4 buffered output: E={args.events:,} events per batch, N={args.batches} batches, "
         f"T={args.trigger:g} s, F={args.flush:g} s, Spark {environment.get('spark_version')}, "
-        f"{args.isolation} JVM{'' if args.warmup else ', no warm-up'}; {elapsed:.0f} s in all"
+        f"{args.isolation} JVM{'' if args.warmup else ', no warm-up'}"
+        + (f", JVM options {' '.join(args.java_option)}" if args.java_option else "")
+        + f"; {elapsed:.0f} s in all"
     )
     for card in args.cardinalities:
         recs = [r for r in results if r["cardinality"] == card]

@@ -50,8 +50,8 @@ def job_jvm_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """Gives the notebook's own Spark session (the results table's Delta session, in the kernel)
     and the test's re-ingest the driver JVM options of the tests' jobs, C1 only and the class
     archive once it is written, through ``PYSPARK_SUBMIT_ARGS`` (``job_jvm.job_submit_args``).
-    The bench workers set their own ``PYSPARK_SUBMIT_ARGS``: W1's and W5's get the same options
-    from :func:`java_option_args`, W4's (``bench/w4.py`` has no ``--java-option``) neither."""
+    The bench workers set their own ``PYSPARK_SUBMIT_ARGS``: W1's, W5's and W4's get the same
+    options from :func:`java_option_args`."""
     monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", job_submit_args())
 
 
@@ -260,7 +260,7 @@ def test_buffered_output_notebook(tmp_path: Path) -> None:
         {
             "size": "small",
             "providers": W4_PROVIDERS,
-            "w4_args": W4_ARGS,
+            "w4_args": f"{W4_ARGS} {java_option_args()}",
             "results_table": str(table),
             "figures_dir": str(figures),
             "reports_dir": str(reports),

@@ -1,17 +1,16 @@
 """A windowed count on heapstate into the file sink, for test_executor_loss.py.
 
 The driver of one run, on the master given by ``--master``: a Spark standalone cluster, whose
-executors the test SIGKILLs while the query runs, or ``local[2]`` for the uninterrupted
-reference. Reads the parquet files of ``--input`` (one per micro-batch) with
+executors the test SIGKILLs while the query runs. Reads the parquet files of ``--input`` (one per micro-batch) with
 ``Trigger.AvailableNow``, counts rows per key and 5-minute event-time window (2-minute
 watermark, append mode) into a parquet file sink, which is exactly-once through its
 ``_spark_metadata`` log, over 4 shuffle partitions, and exits when the input is consumed.
 
 On stderr it prints ``EXECLOSS-STARTED <app id>`` once the query runs and ``EXECLOSS-BATCH <id>``
 after each micro-batch. With ``--result FILE`` it then writes as JSON the sink's rows, the state
-(read with ``spark.read.format("statestore")``), and what Spark's REST API says about the
-application's executors and failed tasks, which the test uses to prove that executors were
-lost and tasks failed.
+(read with ``spark.read.format("statestore")``), what an uninterrupted run must leave
+(``windowed_count.expected``), and what Spark's REST API says about the application's executors
+and failed tasks, which the test uses to prove that executors were lost and tasks failed.
 """
 
 from __future__ import annotations
@@ -93,7 +92,7 @@ def main() -> None:
 
         stages = rest(spark, "stages")
         result = {
-            **windowed_count.results(spark, args.checkpoint, args.sink),
+            **windowed_count.results(spark, args.input, args.checkpoint, args.sink),
             "executors": [
                 {k: e.get(k) for k in ("id", "isActive", "removeReason", "failedTasks")}
                 for e in rest(spark, "allexecutors")

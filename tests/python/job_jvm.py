@@ -30,7 +30,7 @@ suite's time. Measured alone (stop 45): a start-and-kill of ``kill_job.py`` 20 s
 14, an uninterrupted run 105 s against 77, the task-failure job 146 s against 108, the
 checkpoint-size notebook 286 s against 239. What these tests check does not depend on the
 compiler; the in-process tests, the executor-loss test's cluster executors and the Scala suites
-run heapstate under C2 (its uninterrupted reference runs in its driver, under C1)."""
+run heapstate under C2."""
 
 
 def job_submit_args(*java_options: str) -> str:

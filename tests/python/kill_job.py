@@ -51,7 +51,7 @@ def main() -> None:
         print("KILLJOB-STARTED", file=sys.stderr, flush=True)
         query.awaitTermination()
         if args.result:
-            result = windowed_count.results(spark, args.checkpoint, args.sink)
+            result = windowed_count.results(spark, args.input, args.checkpoint, args.sink)
             args.result.write_text(json.dumps(result))
         print("KILLJOB-DONE", file=sys.stderr, flush=True)
     finally:

@@ -23,10 +23,10 @@ from windowed_count import write_inputs
 SUBPROCESS_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 """The driver JVM option of the tests' jobs (``test_kill.py``, ``test_task_failure.py``,
 ``test_delta.py``, ``test_soak.py``, and the driver and standalone daemons of
-``test_executor_loss.py``), of the notebook test's W1 and W5 bench workers and of the notebooks'
-own Spark sessions: C1 compiles, C2 does not. On batches of a few dozen rows C2's compiler threads
-cost more CPU than they save, and on two cores shared by two pytest workers that CPU is the
-suite's time. Measured alone (stop 45): a start-and-kill of ``kill_job.py`` 20 s of CPU against
+``test_executor_loss.py``), of the notebook test's W1, W5 and W4 bench workers and of the
+notebooks' own Spark sessions: C1 compiles, C2 does not. On batches of a few dozen rows C2's
+compiler threads cost more CPU than they save, and on two cores shared by two pytest workers that
+CPU is the suite's time. Measured alone (stop 45): a start-and-kill of ``kill_job.py`` 20 s of CPU against
 14, an uninterrupted run 105 s against 77, the task-failure job 146 s against 108, the
 checkpoint-size notebook 286 s against 239. What these tests check does not depend on the
 compiler; the in-process tests, the executor-loss test's cluster executors and the Scala suites
@@ -41,7 +41,7 @@ def job_submit_args(*java_options: str) -> str:
 
 def bench_java_option_args() -> list[str]:
     """The ``--java-option`` arguments that give a ``bench/`` script's worker JVMs
-    :func:`subprocess_java_options` (``soak.py``, ``w1.py``, ``w5.py``)."""
+    :func:`subprocess_java_options` (``soak.py``, ``w1.py``, ``w5.py``, ``w4.py``)."""
     return [f"--java-option={o}" for o in subprocess_java_options()]
 
 

@@ -5,8 +5,8 @@ counts rows per key and 5-minute event-time window (2-minute watermark, append m
 parquet file sink, which is exactly-once through its ``_spark_metadata`` log, and exits when the
 input is consumed. Compaction every 2 versions and maintenance every second make snapshots
 frequent. Prints ``KILLJOB-STARTED`` on stderr once the query runs. With ``--result FILE`` it
-then writes the sink's rows and the state (read with ``spark.read.format("statestore")``) as
-JSON. heapstate's pause points come from ``-Dheapstate.faultInjection.pause`` in
+then writes as JSON the sink's rows, the state (read with ``spark.read.format("statestore")``)
+and what an uninterrupted run must leave (``windowed_count.expected``). heapstate's pause points come from ``-Dheapstate.faultInjection.pause`` in
 ``PYSPARK_SUBMIT_ARGS`` (see ``FaultInjection.scala``). With ``--exit-jvm`` it ends the driver JVM
 and waits for it before exiting itself, so that what the JVM writes as it exits (the class archive
 of ``job_jvm.class_archive``) is complete when this process ends, and exits with its code.

@@ -16,8 +16,8 @@ progress between kills) and prints a marker, and the test kills it during the pa
 run without faults finishes the input, and its sink rows and final state (read with
 ``spark.read.format("statestore")``) must equal what an uninterrupted run leaves: the counts of a
 batch query over the same input, split at the final watermark (``windowed_count.expected``).
-Until stop 61 an uninterrupted streaming run of its own gave them (77 s of CPU, measured in stop
-45), and the batch query's equal them.
+Until stop 61 an uninterrupted streaming run of its own gave them (a JVM start and every file
+again), and the batch query's equal them.
 """
 
 from __future__ import annotations

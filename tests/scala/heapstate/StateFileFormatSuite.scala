@@ -464,12 +464,7 @@ class StateFileFormatSuite extends AnyFunSuite {
   }
 
   test("a journal whose records fail, with an error or an exception, leaves no file and no temporary file") {
-    val dir = java.nio.file.Files.createTempDirectory("heapstate-journal-fail").toFile
-    try journalFailures(dir)
-    finally org.apache.commons.io.FileUtils.deleteDirectory(dir)
-  }
-
-  private def journalFailures(dir: java.io.File): Unit = {
+    val dir = StoreFixture.tempPath("heapstate-journal-fail").toFile
     val files = new StateFiles(new Path(dir.getPath), new org.apache.hadoop.conf.Configuration(), 0)
     // A fatal error (not NonFatal), as an OutOfMemoryError in the commit's look-ups would be.
     for (failure <- Seq[Throwable](new StackOverflowError("in the look-ups"), new java.io.IOException("disk"))) {

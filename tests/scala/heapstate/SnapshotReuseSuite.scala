@@ -67,6 +67,26 @@ class SnapshotReuseSuite extends AnyFunSuite {
     }
   }
 
+  test(
+    "a writer told how many entries to expect makes the same file whether the count is right, short, long or absent") {
+    val rng = new scala.util.Random(17)
+    val entries = (0L until 5000L).map(k => k -> Array.fill(10 + rng.nextInt(30))(rng.nextInt(16).toByte))
+    def writeExpecting(expected: Int): (Seq[Byte], Int) = {
+      val out = new ByteArrayOutputStream()
+      val w = new SnapshotFileWriter(out, header(Codec.Zstd), 512, _ => (), null, expected)
+      entries.foreach { case (k, v) => w.put(keyOf(k), v) }
+      assert(w.finish() == out.size())
+      (out.toByteArray.toSeq, w.growths)
+    }
+    val (none, doublings) = writeExpecting(0)
+    assert(doublings == 3) // 1,024 to 8,192
+    assert(writeExpecting(5000) == ((none, 0)))
+    assert(writeExpecting(9000) == ((none, 0)))
+    // 3,000, then an eighth more (at least 1,024) at a time: 4,024, then 5,048.
+    assert(writeExpecting(3000) == ((none, 2)))
+    intercept[IllegalArgumentException](writeExpecting(-1))
+  }
+
   test("buckets are compressed afresh when the earlier snapshot has another split, another codec, or entries added") {
     val before = (0L until 3000L).map(k => k -> Array.fill(30)(k.toByte)).toMap
     val nothing = new TouchedBuckets(10)
@@ -254,6 +274,9 @@ class SnapshotReuseSuite extends AnyFunSuite {
     commit(11)(cs => put(cs, 8L, 88L))
     assert(snapshot() == 12)
     assert(reusedBefore.last > 0)
+    // Each snapshot's lists of entries were made as long as its state's keys at once (a writer
+    // with no count to go by grows them five times for 20,000 keys).
+    assert(engine.snapshotEntryListGrowths == 0)
     for (f <- files.list().filter(_.kind == StateFileNames.Snapshot)) {
       assertHolds(files, f, models(f.version))
     }

@@ -424,6 +424,9 @@ final class StateEngine(
   @volatile private var bucketsReused = 0L
   /** How many snapshot buckets this engine copied from an earlier snapshot instead of compressing them. */
   def snapshotBucketsReused: Long = bucketsReused
+  @volatile private var snapshotListGrowths = 0L
+  /** How many times the snapshots this engine wrote grew their lists of entries (see [[SnapshotFileWriter]]; tests). */
+  private[heapstate] def snapshotEntryListGrowths: Long = snapshotListGrowths
   /** How many re-run journals the checkpoint manager did not replace (see [[StateFiles.writeJournal]]). */
   def journalsNotReplaced: Long = files.journalsNotReplaced
 
@@ -642,7 +645,7 @@ final class StateEngine(
   private def writeSnapshotIfDue(force: Boolean): Option[Long] = {
     // The version and `snapshotInProgress` are settled under the monitor, which commits hold for
     // their whole length: `s` is a committed version, and no commit drops undo entries above it.
-    val picked: Option[(LiveState, Long, Option[String], Option[StateEngine.ReuseBase], TouchedBuckets)] =
+    val picked: Option[(LiveState, Long, Option[String], Option[StateEngine.ReuseBase], TouchedBuckets, Long)] =
       synchronized {
         val st = state
         // Forced snapshots come from the task thread, which may load the rest of the state; the
@@ -663,10 +666,10 @@ final class StateEngine(
             val usable = b != null && (b.state eq st) && b.version == newestSnapshot && b.version < st.version
             (if (usable) Some(b.copy(touched = b.touched.copy())) else None, tracking)
           }
-          Some((st, st.version, Option(lineageIds.get(st.version)), base, mine))
+          Some((st, st.version, Option(lineageIds.get(st.version)), base, mine, st.numKeys))
         } else None
       }
-    picked.flatMap { case (st, s, id, base, mine) =>
+    picked.flatMap { case (st, s, id, base, mine, keys) =>
       var from: Option[SnapshotBuckets] = None
       try {
         val started = System.nanoTime()
@@ -675,8 +678,11 @@ final class StateEngine(
           if (force) _ => ()
           else new SnapshotPacer(SnapshotPacer.DefaultDutyCycle, () => snapshotLockWanted).wrote
         var writer: SnapshotFileWriter = null
+        // The view emits each key of version `s` once, and rarely one a commit changes meanwhile twice.
+        val expected = math.min(keys + (keys >>> 6) + 16, Int.MaxValue - 8L).toInt
         def write(reuse: BucketReuse): Long =
-          files.writeSnapshot(s, settings.codec, settings.snapshotBucketBytes, id, pace, reuse, keepCopy = true) { w =>
+          files.writeSnapshot(s, settings.codec, settings.snapshotBucketBytes, id, pace, reuse, keepCopy = true,
+            expectedEntries = expected) { w =>
             writer = w
             st.writeSnapshotView(s, w.putEntry(_, _, _))
           }
@@ -691,6 +697,7 @@ final class StateEngine(
         newestSnapshot = math.max(newestSnapshot, s)
         uncleanedSnapshot.accumulateAndGet(s, (a, b) => math.max(a, b))
         bucketsReused += writer.reused
+        snapshotListGrowths += writer.growths
         reuseLock.synchronized {
           if (mine != null && (tracking eq mine)) {
             reuseBase = StateEngine.ReuseBase(st, s, id, bytes, writer.bodyCrc, mine); tracking = null

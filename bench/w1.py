@@ -638,6 +638,7 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         "gc_marking_batches": (
             sum(1 for b in timed if marking(b) > 0) if cycles is not None else None
         ),
+        "gc_marking_ms_total": sum(marking(b) for b in timed) if cycles is not None else None,
         "trigger_ms_max_batch": slowest["batch"] if slowest else None,
         "trigger_ms_max_marking_ms": (
             marking(slowest) if slowest is not None and cycles is not None else None

@@ -290,6 +290,8 @@ def growth(summary: dict[int, dict[str, Any]]) -> dict[str, Any]:
         "jvm_cpu_ratio": _growth(low, high, "jvm_cpu_ms_median"),
         "faulting_from": low.get("faulting_batches"),
         "faulting_to": high.get("faulting_batches"),
+        "marking_ms_from": low.get("gc_marking_ms_total"),
+        "marking_ms_to": high.get("gc_marking_ms_total"),
     }
 
 
@@ -358,6 +360,7 @@ def print_report(
         "longest",
         "faults",
         "faulting",
+        "marking",
         "JVM CPU",
     )
     rows = [header]
@@ -383,13 +386,15 @@ def print_report(
                     cell("gc_pause_ms_max", fmt_ms_fine),
                     cell("minor_faults_median", lambda v: f"{v:,.0f}"),
                     _faulting(s),
+                    _marking(s),
                     cell("jvm_cpu_ms_median", fmt_ms),
                 )
             )
     _print_rows(rows)
     print(
         "(faults and JVM CPU: the worker JVM's minor page faults and CPU time in a steady batch, "
-        f"median; faulting: the steady batches with at least {FAULTING_BATCH:,} minor faults)"
+        f"median; faulting: the steady batches with at least {FAULTING_BATCH:,} minor faults; "
+        "marking: G1's concurrent marking beside the steady batches, in all, and in how many)"
     )
     print("\nGrowth, largest K over the K before it (1.00x is flat):")
     rows = [
@@ -405,6 +410,7 @@ def print_report(
             "heap per key",
             "JVM CPU",
             "faulting",
+            "marking",
         )
     ]
     for name, g in growths.items():
@@ -425,6 +431,7 @@ def print_report(
                 r("heap_per_key_ratio"),
                 r("jvm_cpu_ratio"),
                 _faults(g),
+                _markings(g),
             )
         )
     _print_rows(rows)
@@ -445,12 +452,33 @@ def print_report(
                 "first touches of heap it took on in batch 0, which slowed some runs' batches at "
                 "K=4M (see PRETOUCH and --pretouch)"
             )
+        a, b = hs.get("marking_ms_from"), hs.get("marking_ms_to")
+        if a is not None and b:
+            print(
+                f"  note: G1's concurrent marking ran {fmt_ms(b)} beside heapstate's steady batches "
+                f"at K={hs['to_keys']:,} ({fmt_ms(a)} at K={hs['from_keys']:,}): a marking thread "
+                "takes one of the cores the tasks run on (see bench/README.md, W5)"
+            )
 
 
 def _faults(g: dict[str, Any]) -> str:
     """The faulting steady batches at the two K values, as ``from -> to``."""
     a, b = g.get("faulting_from"), g.get("faulting_to")
     return "-" if a is None or b is None else f"{a} -> {b}"
+
+
+def _markings(g: dict[str, Any]) -> str:
+    """G1's concurrent marking beside the steady batches at the two K values, as ``from -> to``."""
+    a, b = g.get("marking_ms_from"), g.get("marking_ms_to")
+    return "-" if a is None or b is None else f"{fmt_ms(a)} -> {fmt_ms(b)}"
+
+
+def _marking(s: dict[str, Any]) -> str:
+    """A run's G1 concurrent marking beside its steady batches: ``1,234 ms (4)``, or ``0 ms``."""
+    total, n = s.get("gc_marking_ms_total"), s.get("gc_marking_batches")
+    if total is None:
+        return "-"
+    return f"{fmt_ms(total)} ({n})" if n else fmt_ms(total)
 
 
 def _faulting(s: dict[str, Any]) -> str:

@@ -95,6 +95,7 @@ def test_the_slowest_steady_batch_and_the_marking_beside_it(tmp_path: Path) -> N
     assert summary["trigger_ms_max_pause_ms"] == 52.0  # not batch 2's 80 ms
     assert summary["trigger_ms_max_commit_ms"] == 175
     assert summary["gc_marking_batches"] == 3  # steady batches with any marking: 2, 3 and 5
+    assert summary["gc_marking_ms_total"] == 200.0 + 400.0 + 100.0
 
     # No pause in the slowest batch is 0 ms; a run whose report has no pauses says nothing.
     assert w1.summarize({**run, "gc_pauses": pauses[:1]})["trigger_ms_max_pause_ms"] == 0.0
@@ -104,6 +105,7 @@ def test_the_slowest_steady_batch_and_the_marking_beside_it(tmp_path: Path) -> N
     # A run from before the report read marking cycles says nothing about them, not zero.
     older = w1.summarize({"batches": batches, "gc_pauses": []})
     assert older["gc_marking_batches"] is None
+    assert older["gc_marking_ms_total"] is None
     assert older["trigger_ms_max_marking_ms"] is None
     assert older["trigger_ms_max_batch"] == 3
 

@@ -525,7 +525,9 @@ def test_heap_after_gc_counts_only_when_a_full_collection_ran() -> None:
     ]
 
 
-def _w5_summary(trigger: float, cpu: float, faulting: int) -> dict[str, Any]:
+def _w5_summary(
+    trigger: float, cpu: float, faulting: int, marking_ms: float = 0.0, marking_batches: int = 0
+) -> dict[str, Any]:
     return {
         "trigger_ms_median": trigger,
         "commit_ms_median": 20.0,
@@ -533,6 +535,8 @@ def _w5_summary(trigger: float, cpu: float, faulting: int) -> dict[str, Any]:
         "jvm_cpu_ms_median": cpu,
         "faulting_batches": faulting,
         "faults_counted_batches": 10,
+        "gc_marking_ms_total": marking_ms,
+        "gc_marking_batches": marking_batches,
     }
 
 
@@ -563,16 +567,54 @@ def test_w5_report_shows_faulting_batches_and_notes_first_touches(
     w5.print_report("W5", summaries, growths, w5.targets(summaries, growths))
     out = capsys.readouterr().out
     heapstate_growth = next(line for line in out.splitlines() if "1,000,000 -> 4,000,000" in line)
-    assert heapstate_growth.split()[-4:] == ["1.80x", "1", "->", str(faulting_at_4m)]
+    assert heapstate_growth.split()[-9:] == [
+        *("1.80x", "1", "->", str(faulting_at_4m)),
+        *("0", "ms", "->", "0", "ms"),  # no G1 marking at either K
+    ]
     at_4m = next(
         line for line in out.splitlines() if line.split()[:2] == ["heapstate", "4,000,000"]
     )
-    assert at_4m.split()[-4:] == ["300", f"{faulting_at_4m}/10", "540", "ms"]
+    assert at_4m.split()[-6:] == ["300", f"{faulting_at_4m}/10", "0", "ms", "540", "ms"]
     assert "  FAIL  median trigger at K=4,000,000 <= 1.2x K=1,000,000  (1.60 vs limit 1.20)" in out
     note = (
         f"  note: {faulting_at_4m} of heapstate's steady batches at K=4,000,000 took at least "
         "5,000 minor page faults (1 at K=1,000,000): the JVM's first touches of heap it took on "
         "in batch 0, which slowed some runs' batches at K=4M (see PRETOUCH and --pretouch)"
+    )
+    assert (note in out) == noted
+    assert ("note:" in out) == noted
+
+
+@pytest.mark.parametrize(("marking_at_4m", "noted"), [(4_400.0, True), (0.0, False)])
+def test_w5_report_shows_g1_marking_and_notes_it(
+    marking_at_4m: float, noted: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import w5
+
+    summaries = {
+        "heapstate": {
+            1_000_000: _w5_summary(250.0, 300.0, 0, marking_ms=350.0, marking_batches=1),
+            4_000_000: _w5_summary(
+                400.0, 540.0, 0, marking_at_4m, marking_batches=9 if marking_at_4m else 0
+            ),
+        }
+    }
+    growths = {name: w5.growth(by_k) for name, by_k in summaries.items()}
+    w5.print_report("W5", summaries, growths, w5.targets(summaries, growths))
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    at_1m = next(line for line in lines if line.split()[:2] == ["heapstate", "1,000,000"])
+    at_4m = next(line for line in lines if line.split()[:2] == ["heapstate", "4,000,000"])
+    assert at_1m.split()[-6:] == ["0/10", "350", "ms", "(1)", "300", "ms"]
+    marked = ["4,400", "ms", "(9)"] if marking_at_4m else ["0", "ms"]
+    assert at_4m.split()[-3 - len(marked) :] == ["0/10", *marked, "540", "ms"]
+    growth_line = next(line for line in lines if "1,000,000 -> 4,000,000" in line)
+    to = "4,400" if marking_at_4m else "0"
+    assert growth_line.split()[-5:] == ["350", "ms", "->", to, "ms"]
+    note = (
+        "  note: G1's concurrent marking ran 4,400 ms beside heapstate's steady batches at "
+        "K=4,000,000 (350 ms at K=1,000,000): a marking thread takes one of the cores the tasks "
+        "run on (see bench/README.md, W5)"
     )
     assert (note in out) == noted
     assert ("note:" in out) == noted

@@ -70,7 +70,7 @@ class SnapshotReuseSuite extends AnyFunSuite {
   test(
     "a writer told how many entries to expect makes the same file whether the count is right, short, long or absent") {
     val rng = new scala.util.Random(17)
-    val entries = (0L until 5000L).map(k => k -> Array.fill(10 + rng.nextInt(30))(rng.nextInt(16).toByte))
+    val entries = (0L until 12000L).map(k => k -> Array.fill(10 + rng.nextInt(30))(rng.nextInt(16).toByte))
     def writeExpecting(expected: Int): (Seq[Byte], Int) = {
       val out = new ByteArrayOutputStream()
       val w = new SnapshotFileWriter(out, header(Codec.Zstd), 512, _ => (), null, expected)
@@ -79,11 +79,14 @@ class SnapshotReuseSuite extends AnyFunSuite {
       (out.toByteArray.toSeq, w.growths)
     }
     val (none, doublings) = writeExpecting(0)
-    assert(doublings == 3) // 1,024 to 8,192
-    assert(writeExpecting(5000) == ((none, 0)))
-    assert(writeExpecting(9000) == ((none, 0)))
-    // 3,000, then an eighth more (at least 1,024) at a time: 4,024, then 5,048.
-    assert(writeExpecting(3000) == ((none, 2)))
+    assert(doublings == 4) // 1,024 to 16,384
+    assert(writeExpecting(12000) == ((none, 0)))
+    assert(writeExpecting(20000) == ((none, 0)))
+    // An eighth more at a time: 9,000, 10,125, 11,390, 12,813.
+    assert(writeExpecting(9000) == ((none, 3)))
+    // At least 1,024 more at a time: 3,000, then six steps of 1,024 to 9,144, then an eighth:
+    // 10,287, 11,572, 13,018.
+    assert(writeExpecting(3000) == ((none, 9)))
     intercept[IllegalArgumentException](writeExpecting(-1))
   }
 

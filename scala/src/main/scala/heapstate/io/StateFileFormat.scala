@@ -312,8 +312,8 @@ final class StateFileWriter(raw: OutputStream, header: StateFileFormat.Header) {
  * of records each) are unchanged.
  *
  * `expectedEntries`, when above 0, is about how many entries the caller will put (a state's key
- * count): the writer's lists of entries are made that long at once, and grow by an eighth when
- * it is exceeded, instead of doubling from 1,024. Those lists take 12 bytes an entry, so a store
+ * count): the writer's lists of entries are made that long at once, and grow by an eighth (at
+ * least 1,024 entries) when it is exceeded, instead of doubling from 1,024. Those lists take 12 bytes an entry, so a store
  * of a million keys needs 12 MB; doubling up to that left about as much again behind as garbage
  * in each snapshot, in arrays G1 allocates as humongous objects from 2 MiB on (a 4 MiB region's
  * half), straight into the old generation, where each allocation is a point at which G1 may start a
@@ -337,8 +337,9 @@ final class SnapshotFileWriter(
   private var offsets = new Array[Int](initialEntries)
   private var hashes = new Array[Int](initialEntries)
   private var count = 0
+  private var grown = 0
   /** How many times the lists of entries grew (tests). */
-  private[heapstate] var growths = 0
+  def growths: Int = grown
   private var rawBytes = 0L
   /** Where [[finish]] leaves the lengths it read ahead, so that the compiler keeps those reads. */
   private var readAheadSum = 0
@@ -359,15 +360,21 @@ final class SnapshotFileWriter(
     pace(length)
   }
 
-  /** Makes room for more entries: an eighth more past `expectedEntries`, twice as many without it. */
+  /**
+   * Makes room for more entries: an eighth more (at least 1,024) past `expectedEntries`, twice as
+   * many without it.
+   */
   private def grow(): Unit = {
     val more = if (expectedEntries > 0) math.max(count >>> 3, 1024) else count
     val n = math.min(count.toLong + more, Int.MaxValue - 8L).toInt
-    if (n <= count) throw new IllegalStateException(s"a snapshot of more than $count entries")
+    if (n <= count) {
+      throw new IllegalStateException(s"heapstate: the snapshot of version ${header.version} of partition " +
+        s"${header.partition} has more than $count entries, more than a snapshot file can hold")
+    }
     bases = java.util.Arrays.copyOf(bases, n)
     offsets = java.util.Arrays.copyOf(offsets, n)
     hashes = java.util.Arrays.copyOf(hashes, n)
-    growths += 1
+    grown += 1
   }
 
   /** Adds an entry array (offset 0); see the other `putEntry`. */

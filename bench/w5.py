@@ -16,12 +16,13 @@ and WARMUP_SCALE). ``--pretouch`` starts every provider's worker JVM with
 ``-XX:+AlwaysPreTouch`` (see PRETOUCH).
 
 It prints one table per provider (a row per K: median trigger and commit, ``memoryUsedBytes``
-and the heap per key, GC pauses, the JVM's minor page faults and CPU per steady batch) and then
-the growth ratios, largest K over the one before it (4M over 1M at full size), of median trigger,
-median commit, memory per key and JVM CPU, for every provider side by side, with heapstate's W5
-targets as PASS/FAIL lines. When any of heapstate's steady batches at the largest K took
-first-touch page faults (``FAULTING_BATCH``), a note says so under the targets. JSON with every run's
-per-batch figures goes to ``bench/results/w5-<timestamp>.json``.
+and the heap per key, GC pauses, the JVM's minor page faults, G1's concurrent marking beside the
+steady batches and the JVM's CPU per steady batch) and then the growth ratios, largest K over the
+one before it (4M over 1M at full size), of median trigger, median commit, memory per key and JVM
+CPU, for every provider side by side, with heapstate's W5 targets as PASS/FAIL lines. When any of
+heapstate's steady batches at the largest K took first-touch page faults (``FAULTING_BATCH``), or
+had G1 marking beside them, a note says so under the targets. JSON with every run's per-batch
+figures goes to ``bench/results/w5-<timestamp>.json``.
 """
 
 from __future__ import annotations
@@ -394,7 +395,8 @@ def print_report(
     print(
         "(faults and JVM CPU: the worker JVM's minor page faults and CPU time in a steady batch, "
         f"median; faulting: the steady batches with at least {FAULTING_BATCH:,} minor faults; "
-        "marking: G1's concurrent marking beside the steady batches, in all, and in how many)"
+        "marking: G1's concurrent marking beside the steady batches of every round, in all, and "
+        "in how many)"
     )
     print("\nGrowth, largest K over the K before it (1.00x is flat):")
     rows = [
@@ -453,11 +455,11 @@ def print_report(
                 "K=4M (see PRETOUCH and --pretouch)"
             )
         a, b = hs.get("marking_ms_from"), hs.get("marking_ms_to")
-        if a is not None and b:
+        if a is not None and b is not None and b >= 1:
             print(
-                f"  note: G1's concurrent marking ran {fmt_ms(b)} beside heapstate's steady batches "
-                f"at K={hs['to_keys']:,} ({fmt_ms(a)} at K={hs['from_keys']:,}): a marking thread "
-                "takes one of the cores the tasks run on (see bench/README.md, W5)"
+                f"  note: G1's concurrent marking ran {fmt_ms(b)} beside heapstate's steady "
+                f"batches at K={hs['to_keys']:,} ({fmt_ms(a)} at K={hs['from_keys']:,}): a "
+                "marking thread takes one of the cores the tasks run on (see bench/README.md, W5)"
             )
 
 

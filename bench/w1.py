@@ -592,6 +592,9 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     def marking(b: dict[str, Any]) -> float:
         return marking_ms_between(cycles or [], b["start_epoch_ms"], b["end_epoch_ms"])
 
+    # G1 marking beside each timed steady batch, once (None: the run's report read no cycles).
+    marked = [marking(b) for b in timed] if cycles is not None else None
+
     def commit_part(metric: str) -> float | None:
         """The median over the steady batches of a heapstate commit-time metric, in ms."""
         parts = [(b.get("custom_metrics") or {}).get(metric) for b in steady]
@@ -635,10 +638,8 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         "gc_pause_ms_total": sum(steady_pauses) if "gc_pauses" in run else None,
         "gc_pause_ms_max": max(steady_pauses, default=0.0) if "gc_pauses" in run else None,
         "gc_pauses": len(steady_pauses) if "gc_pauses" in run else None,
-        "gc_marking_batches": (
-            sum(1 for b in timed if marking(b) > 0) if cycles is not None else None
-        ),
-        "gc_marking_ms_total": sum(marking(b) for b in timed) if cycles is not None else None,
+        "gc_marking_batches": sum(1 for m in marked if m > 0) if marked is not None else None,
+        "gc_marking_ms_total": sum(marked) if marked is not None else None,
         "trigger_ms_max_batch": slowest["batch"] if slowest else None,
         "trigger_ms_max_marking_ms": (
             marking(slowest) if slowest is not None and cycles is not None else None

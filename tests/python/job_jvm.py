@@ -26,8 +26,8 @@ SUBPROCESS_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 ``test_executor_loss.py``), of the notebook test's W1, W5 and W4 bench workers and of the
 notebooks' own Spark sessions: C1 compiles, C2 does not. On batches of a few dozen rows C2's
 compiler threads cost more CPU than they save, and on two cores shared by two pytest workers that
-CPU is the suite's time. Measured alone (stop 45): a start-and-kill of ``kill_job.py`` 20 s of CPU against
-14, an uninterrupted run 105 s against 77, the task-failure job 146 s against 108, the
+CPU is the suite's time. Measured alone (stop 45): a start-and-kill of ``kill_job.py`` 20 s of
+CPU against 14, an uninterrupted run 105 s against 77, the task-failure job 146 s against 108, the
 checkpoint-size notebook 286 s against 239. What these tests check does not depend on the
 compiler; the in-process tests, the executor-loss test's cluster executors and the Scala suites
 run heapstate under C2."""

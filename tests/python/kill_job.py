@@ -6,8 +6,9 @@ parquet file sink, which is exactly-once through its ``_spark_metadata`` log, an
 input is consumed. Compaction every 2 versions and maintenance every second make snapshots
 frequent. Prints ``KILLJOB-STARTED`` on stderr once the query runs. With ``--result FILE`` it
 then writes as JSON the sink's rows, the state (read with ``spark.read.format("statestore")``)
-and what an uninterrupted run must leave (``windowed_count.expected``). heapstate's pause points come from ``-Dheapstate.faultInjection.pause`` in
-``PYSPARK_SUBMIT_ARGS`` (see ``FaultInjection.scala``). With ``--exit-jvm`` it ends the driver JVM
+and what an uninterrupted run must leave (``windowed_count.expected``). heapstate's pause points
+come from ``-Dheapstate.faultInjection.pause`` in ``PYSPARK_SUBMIT_ARGS`` (see
+``FaultInjection.scala``). With ``--exit-jvm`` it ends the driver JVM
 and waits for it before exiting itself, so that what the JVM writes as it exits (the class archive
 of ``job_jvm.class_archive``) is complete when this process ends, and exits with its code.
 """

@@ -569,16 +569,22 @@ class ProcCounters:
     - ``cpu_ms``: the process's CPU time, every thread (tasks, GC, JIT, heapstate's snapshots).
     - ``steal_ms``: the machine's steal time over all its CPUs: time a hypervisor gave this
       virtual machine's CPUs to something else.
+    - ``threads``: each live thread's CPU time, by thread id, with its kind (``thread_kind``);
+      empty when the threads could not be read.
     """
 
     minor_faults: int
     cpu_ms: float
     steal_ms: float
+    threads: dict[int, tuple[str, float]] = field(default_factory=dict)
 
-    def since(self, before: ProcCounters) -> dict[str, int]:
+    def since(self, before: ProcCounters) -> dict[str, Any]:
         """The counts from ``before`` to this reading, under ``PROC_KEYS``, as a W1 batch records
-        them."""
-        return dict(
+        them, and (when both readings have threads) ``jvm_cpu_ms_by_thread``: the CPU time by
+        thread kind (``THREAD_KINDS``). A thread that began meanwhile counts all its time; one
+        that ended meanwhile is counted under ``ended``, the process's CPU time that no live
+        thread accounts for (a little below zero from the clock's ticks)."""
+        counts: dict[str, Any] = dict(
             zip(
                 PROC_KEYS,
                 (
@@ -589,6 +595,15 @@ class ProcCounters:
                 strict=True,
             )
         )
+        if self.threads and before.threads:
+            by_kind = dict.fromkeys(THREAD_KINDS, 0.0)
+            for tid, (kind, ms) in self.threads.items():
+                earlier = before.threads.get(tid)
+                # A reused thread id with less time than before is a new thread.
+                by_kind[kind] += ms - earlier[1] if earlier and earlier[1] <= ms else ms
+            by_kind["ended"] = (self.cpu_ms - before.cpu_ms) - sum(by_kind.values())
+            counts["jvm_cpu_ms_by_thread"] = {k: round(v) for k, v in by_kind.items()}
+        return counts
 
 
 PROC_KEYS = ("minor_faults", "jvm_cpu_ms", "steal_ms")
@@ -604,7 +619,59 @@ def proc_counters(pid: int) -> ProcCounters | None:
         machine = Path("/proc/stat").read_text()
     except OSError:
         return None
-    return parse_proc_counters(stat, machine, os.sysconf("SC_CLK_TCK"))
+    ticks = os.sysconf("SC_CLK_TCK")
+    counted = parse_proc_counters(stat, machine, ticks)
+    threads: dict[int, tuple[str, float]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return counted
+    for tid in tids:
+        try:  # a thread may end between the listing and the read
+            name, ms = parse_thread_cpu(Path(f"/proc/{pid}/task/{tid}/stat").read_text(), ticks)
+        except OSError:
+            continue
+        threads[int(tid)] = (thread_kind(name), ms)
+    return ProcCounters(counted.minor_faults, counted.cpu_ms, counted.steal_ms, threads)
+
+
+def parse_thread_cpu(stat: str, ticks_per_s: int) -> tuple[str, float]:
+    """A thread's name and CPU time (ms) from its ``/proc/<pid>/task/<tid>/stat`` line, which has
+    the process's layout (``parse_proc_counters``); the name is the first 15 characters of the
+    thread's, which HotSpot gives the kernel when the thread starts (a later ``setName`` is not
+    seen)."""
+    name = stat[stat.index("(") + 1 : stat.rindex(")")]
+    fields = stat[stat.rindex(")") + 1 :].split()
+    return name, (int(fields[11]) + int(fields[12])) * 1000 / ticks_per_s
+
+
+THREAD_KINDS = ("task", "driver", "jit", "gc", "store background", "other")
+"""The kinds of a JVM's threads ``thread_kind`` tells apart, in the order reports show them; a
+batch's record adds ``ended`` (``ProcCounters.since``)."""
+
+_GC_THREAD = re.compile(r"^(GC Thread|G1 |VM Thread|VM Periodic)")
+
+
+def thread_kind(name: str) -> str:
+    """The kind (``THREAD_KINDS``) of a worker JVM's thread, by its name or the first 15
+    characters of it that Linux keeps:
+
+    - ``task``: Spark's task threads (``Executor task launch worker``);
+    - ``driver``: the query's own thread (``stream execution thread``): planning, progress;
+    - ``jit`` and ``gc``: the compiler threads, and the collector's and the VM's own threads;
+    - ``store background``: heapstate's snapshot thread and Spark's state store maintenance;
+    - ``other``: every other thread (RPC, listeners, Py4J, a profiler)."""
+    if "CompilerThre" in name:
+        return "jit"
+    if _GC_THREAD.match(name):
+        return "gc"
+    if name.startswith("Executor task"):
+        return "task"
+    if name.startswith("stream executio"):
+        return "driver"
+    if name.startswith(("heapstate-snaps", "state-store-mai")):
+        return "store background"
+    return "other"
 
 
 def parse_proc_counters(stat: str, machine: str, ticks_per_s: int) -> ProcCounters:

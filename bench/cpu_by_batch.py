@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from _common import thread_kind
 from _delta import maven_mirror
 from w5 import runs_by_round
 
@@ -83,7 +84,6 @@ _ZEROING = re.compile(r"^clear_page(_erms|_rep|_orig)?\b")
 _STORE_FRAME = re.compile(
     r"^(heapstate\.|org\.rocksdb\.|org\.apache\.spark\.sql\.execution\.streaming\.state\.(HDFSBacked|RocksDB))"
 )
-_GC_THREAD = re.compile(r"^(GC Thread|G1 |VM Thread|VM Periodic)")
 
 
 @dataclass(frozen=True)
@@ -100,20 +100,13 @@ def categorize(sample: Sample) -> str:
     thread, frames = sample.thread, sample.frames
     if frames and _ZEROING.match(frames[0]):
         return "page zeroing"
-    if "CompilerThre" in thread:
-        return "jit"
-    if _GC_THREAD.match(thread):
-        return "gc"
-    if thread.startswith("Executor task"):
+    kind = thread_kind(thread)
+    if kind == "task":
         store = [f for f in frames if _STORE_FRAME.match(f)]
         if any(f.rsplit("(", 1)[0].endswith(".commit") for f in store):
             return "store commit"
         return "store" if store else "spark task"
-    if thread.startswith("stream execution thread"):
-        return "driver"
-    if thread.startswith("heapstate-snapshot") or "state-store-maintenance" in thread:
-        return "store background"
-    return "other"
+    return kind
 
 
 _EVENT = re.compile(r"^jdk\.ExecutionSample \{")

@@ -55,6 +55,7 @@ from _common import (
     PROVIDERS,
     REPO_DIR,
     RESULTS_DIR,
+    THREAD_KINDS,
     Metric,
     Provider,
     StateFiles,
@@ -665,7 +666,18 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         # none): the median batch's, and the slowest one's.
         **{f"{key}_median": median(counted[key]) if counted[key] else None for key in PROC_KEYS},
         **{f"trigger_ms_max_{key}": slowest.get(key) if slowest else None for key in PROC_KEYS},
+        # The JVM's CPU a steady batch by the kind of thread that spent it (stop 63 on).
+        "jvm_cpu_ms_by_thread_median": cpu_by_thread_median(steady),
     }
+
+
+def cpu_by_thread_median(steady: list[dict[str, Any]]) -> dict[str, float] | None:
+    """For each kind of thread (``THREAD_KINDS`` and ``ended``), the median of its CPU time over
+    the ``steady`` batches whose records have ``jvm_cpu_ms_by_thread``; None when none has."""
+    split = [b["jvm_cpu_ms_by_thread"] for b in steady if b.get("jvm_cpu_ms_by_thread")]
+    if not split:
+        return None
+    return {kind: median([s.get(kind, 0) for s in split]) for kind in (*THREAD_KINDS, "ended")}
 
 
 METRICS = [

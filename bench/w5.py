@@ -44,6 +44,7 @@ from _common import (
     MAINTENANCE_CONF,
     PROVIDERS,
     RESULTS_DIR,
+    THREAD_KINDS,
     fmt_bytes,
     fmt_ms,
     fmt_ms_fine,
@@ -437,6 +438,7 @@ def print_report(
             )
         )
     _print_rows(rows)
+    print_cpu_by_thread(summaries)
     if verdicts:
         print("\nW5 targets for heapstate:")
         for t in verdicts:
@@ -461,6 +463,41 @@ def print_report(
                 f"batches at K={hs['to_keys']:,} ({fmt_ms(a)} at K={hs['from_keys']:,}): a "
                 "marking thread takes one of the cores the tasks run on (see bench/README.md, W5)"
             )
+
+
+def print_cpu_by_thread(summaries: dict[str, dict[int, dict[str, Any]]]) -> None:
+    """The JVM's CPU in a steady batch by the kind of thread that spent it (median of each kind;
+    ``THREAD_KINDS``), at each K and then the largest K over the K before it. Nothing when no
+    run recorded it (reports before stop 63, or no /proc)."""
+    kinds = (*THREAD_KINDS, "ended")
+    rows = [("provider", "K", *kinds)]
+    for name, by_k in summaries.items():
+        split = {
+            k: s["jvm_cpu_ms_by_thread_median"]
+            for k, s in by_k.items()
+            if s.get("jvm_cpu_ms_by_thread_median")
+        }
+        for k in sorted(split):
+            rows.append((PROVIDERS[name].label, f"{k:,}", *(fmt_ms(split[k][c]) for c in kinds)))
+        if len(split) >= 2:
+            a, b = (split[k] for k in sorted(split)[-2:])
+            rows.append(
+                (
+                    PROVIDERS[name].label,
+                    "growth",
+                    *(f"{b[c] / a[c]:.2f}x" if a[c] >= 1 else "-" for c in kinds),
+                )
+            )
+    if len(rows) == 1:
+        return
+    print("\nJVM CPU a steady batch by thread (median of each kind; they need not add up to the")
+    print("median of the whole):")
+    _print_rows(rows)
+    print(
+        "(task: Spark's task threads; driver: the query's thread; jit and gc: the compilers, the "
+        "collector's and the VM's threads; store background: heapstate's snapshot thread and "
+        "Spark's maintenance; ended: threads that ended within the batch)"
+    )
 
 
 def _faults(g: dict[str, Any]) -> str:

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
@@ -217,6 +219,115 @@ def test_proc_counters_are_read_past_the_command_name() -> None:
         mine = proc_counters(os.getpid())
         assert mine is not None and mine.minor_faults > 0 and mine.cpu_ms > 0
     assert proc_counters(2**31 - 1) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("Executor task l", "task"),  # Linux keeps 15 characters of a thread's name
+        ("Executor task launch worker for task 3.0", "task"),
+        ("stream executio", "driver"),
+        ("C2 CompilerThre", "jit"),
+        ("C1 CompilerThre", "jit"),
+        ("GC Thread#1", "gc"),
+        ("G1 Conc#0", "gc"),
+        ("G1 Main Marker", "gc"),
+        ("VM Thread", "gc"),
+        ("VM Periodic Tas", "gc"),
+        ("heapstate-snaps", "store background"),
+        ("state-store-mai", "store background"),
+        ("heapstate-clean", "other"),
+        ("Thread-3", "other"),
+        ("java", "other"),
+    ],
+)
+def test_threads_are_told_apart_by_name(name: str, kind: str) -> None:
+    from _common import THREAD_KINDS, thread_kind
+
+    assert thread_kind(name) == kind
+    assert kind in THREAD_KINDS
+
+
+def test_the_cpu_a_batch_is_split_by_the_kind_of_thread() -> None:
+    from _common import ProcCounters, parse_thread_cpu
+
+    # A thread's stat has the process's layout; its name may hold spaces and parentheses.
+    stat = "77 (C2 (Compil)) S 1 4242 4242 0 -1 4194560 10 0 0 0 30 4 0 0 20\n"
+    assert parse_thread_cpu(stat, 100) == ("C2 (Compil)", 340.0)
+    before = ProcCounters(
+        0,
+        1000.0,
+        0.0,
+        {
+            1: ("task", 400.0),
+            2: ("task", 100.0),
+            3: ("jit", 200.0),
+            4: ("gc", 50.0),
+            5: ("other", 250.0),
+        },
+    )
+    after = ProcCounters(
+        0,
+        # 1,000 ms later: the tasks 300 + 40 + 60 (thread 7, new), the JIT 120, thread 4's id
+        # held by a new thread with less time than thread 4 had (20), thread 8 new (450), and
+        # thread 5 ended: the 10 ms no live thread accounts for.
+        2000.0,
+        0.0,
+        {
+            1: ("task", 700.0),
+            2: ("task", 140.0),
+            3: ("jit", 320.0),
+            4: ("gc", 20.0),
+            7: ("task", 60.0),
+            8: ("store background", 450.0),
+        },
+    )
+    counted = after.since(before)
+    assert counted["jvm_cpu_ms"] == 1000
+    assert counted["jvm_cpu_ms_by_thread"] == {
+        "task": 400,
+        "driver": 0,
+        "jit": 120,
+        "gc": 20,
+        "store background": 450,
+        "other": 0,
+        "ended": 10,  # 1,000 less 990 that live threads account for
+    }
+    # Without threads in either reading there is no split, only the process's counts.
+    plain = ProcCounters(0, 2000.0, 0.0)
+    assert "jvm_cpu_ms_by_thread" not in plain.since(before)
+    assert "jvm_cpu_ms_by_thread" not in after.since(ProcCounters(0, 1000.0, 0.0))
+
+
+def test_this_process_threads_are_read(tmp_path: Path) -> None:
+    from _common import proc_counters
+
+    if not Path("/proc/self/task").exists():
+        pytest.skip("no /proc/<pid>/task on this system (not Linux)")
+    mine = proc_counters(os.getpid())
+    assert mine is not None and os.getpid() in mine.threads
+    assert mine.threads[os.getpid()][0] == "other"  # the main thread, named after the program
+
+
+def test_the_median_cpu_by_thread_over_the_steady_batches() -> None:
+    batches = [_batch(b, 1000 * b, 300) for b in range(6)]
+    for b, (task, jit) in zip(
+        batches, [(9000, 9000), (900, 900), (100, 10), (300, 30), (200, 20), (400, 40)]
+    ):
+        b["jvm_cpu_ms_by_thread"] = {"task": task, "jit": jit, "ended": -1}
+    summary = w1.summarize({"batches": batches})
+    assert summary["jvm_cpu_ms_by_thread_median"] == {  # batches 2 to 5
+        "task": 250.0,
+        "driver": 0.0,
+        "jit": 25.0,
+        "gc": 0.0,
+        "store background": 0.0,
+        "other": 0.0,
+        "ended": -1.0,
+    }
+    for b in batches:
+        del b["jvm_cpu_ms_by_thread"]
+    assert w1.summarize({"batches": batches})["jvm_cpu_ms_by_thread_median"] is None
 
 
 def test_the_spike_target_counts_the_slowest_batch_and_the_other_providers(

@@ -789,3 +789,44 @@ def test_w5_pools_the_later_rounds_when_the_first_round_of_a_run_failed(
     )
     assert (high["commit_ms_median"], high["gc_pause_ms_total"]) == (11.0, 6.0)
     assert (high["trigger_ms_max_batch"], high["trigger_ms_max_round"]) == (4, 1)
+
+
+def test_w5_report_splits_the_jvm_cpu_by_thread(capsys: pytest.CaptureFixture[str]) -> None:
+    import w5
+
+    kinds = ("task", "driver", "jit", "gc", "store background", "other", "ended")
+    at_1m = dict(zip(kinds, (300.0, 150.0, 200.0, 10.0, 100.0, 80.0, 0.0), strict=True))
+    at_4m = dict(zip(kinds, (330.0, 150.0, 300.0, 40.0, 250.0, 80.0, 0.4), strict=True))
+    summaries = {
+        "heapstate": {
+            1_000_000: {**_w5_summary(500.0, 840.0, 0), "jvm_cpu_ms_by_thread_median": at_1m},
+            4_000_000: {**_w5_summary(600.0, 1150.0, 0), "jvm_cpu_ms_by_thread_median": at_4m},
+        },
+        # A provider whose runs recorded no split (a report before stop 63) has no rows in it.
+        "hdfs": {1_000_000: _w5_summary(900.0, 900.0, 0), 4_000_000: _w5_summary(1e4, 2e3, 0)},
+    }
+    growths = {name: w5.growth(by_k) for name, by_k in summaries.items()}
+    w5.print_report("W5", summaries, growths, w5.targets(summaries, growths))
+    lines = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("JVM CPU a steady batch by"))
+    table = [" ".join(line.split()) for line in lines[start + 2 : start + 8]]
+    assert table == [
+        "provider K task driver jit gc store background other ended",
+        "--------- --------- ------ ------ ------ ----- ---------------- ----- -----",
+        "heapstate 1,000,000 300 ms 150 ms 200 ms 10 ms 100 ms 80 ms 0 ms",
+        "heapstate 4,000,000 330 ms 150 ms 300 ms 40 ms 250 ms 80 ms 0 ms",
+        # An "ended" of under 1 ms at the smaller K has no growth.
+        "heapstate growth 1.10x 1.00x 1.50x 4.00x 2.50x 1.00x -",
+        (
+            "(task: Spark's task threads; driver: the query's thread; jit and gc: the compilers, "
+            "the collector's and the VM's threads; store background: heapstate's snapshot thread "
+            "and Spark's maintenance; ended: threads that ended within the batch)"
+        ),
+    ]
+    assert not any(line.startswith("HDFS") for line in lines[start : start + 8])
+    # With no split at all, no table.
+    for by_k in summaries.values():
+        for s in by_k.values():
+            s.pop("jvm_cpu_ms_by_thread_median", None)
+    w5.print_report("W5", summaries, growths, w5.targets(summaries, growths))
+    assert "by thread" not in capsys.readouterr().out

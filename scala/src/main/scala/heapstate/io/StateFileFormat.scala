@@ -343,6 +343,33 @@ final class SnapshotFileWriter(
   private var rawBytes = 0L
   /** Where [[finish]] leaves the lengths it read ahead, so that the compiler keeps those reads. */
   private var readAheadSum = 0
+  /** The sorted positions up to which [[readAhead]] has read the entries' places, and their bytes. */
+  private var placesRead, bytesRead = 0
+
+  /**
+   * Reads ahead of sorted position `at` (see `SnapshotFileWriter.ReadAhead`): the places (array
+   * and offset) of the next `ReadAhead` entries whose places were not read yet, and the first
+   * bytes of those whose places were read the time before. Returns what it read, for
+   * `readAheadSum`.
+   */
+  private def readAhead(order: Array[Long], at: Int): Int = {
+    if (placesRead < at) { placesRead = at; bytesRead = at } // past buckets copied whole
+    var ahead = 0
+    var k = bytesRead
+    bytesRead = placesRead
+    while (k < bytesRead) {
+      val j = order(k).toInt
+      ahead += org.apache.spark.unsafe.Platform.getInt(bases(j), Base + offsets(j))
+      k += 1
+    }
+    placesRead = math.min(count, placesRead + SnapshotFileWriter.ReadAhead)
+    while (k < placesRead) {
+      val j = order(k).toInt
+      ahead += offsets(j) + (if (bases(j) eq null) 1 else 0)
+      k += 1
+    }
+    ahead
+  }
 
   /**
    * Adds the entry `[key length: i32][value length: i32][key][value]` at offset `at` of `b` (see
@@ -577,14 +604,7 @@ final class SnapshotFileWriter(
     var ahead = 0
     var i = from
     while (i < to) {
-      if (i + 2 * SnapshotFileWriter.ReadAhead < count) { // see ReadAhead: the entry's place
-        val j = order(i + 2 * SnapshotFileWriter.ReadAhead).toInt
-        ahead += offsets(j) + (if (bases(j) eq null) 1 else 0)
-      }
-      if (i + SnapshotFileWriter.ReadAhead < count) { // and its bytes
-        val j = order(i + SnapshotFileWriter.ReadAhead).toInt
-        ahead += org.apache.spark.unsafe.Platform.getInt(bases(j), Base + offsets(j))
-      }
+      if (i >= placesRead - 2 * SnapshotFileWriter.ReadAhead) ahead += readAhead(order, i)
       val e = bases(order(i).toInt)
       val o = offsets(order(i).toInt)
       if (!repeated(order, i)) {
@@ -644,20 +664,24 @@ object BucketReuse {
 
 object SnapshotFileWriter {
   /**
-   * How many entries ahead of the one it copies [[SnapshotFileWriter.finish]] reads an entry's
-   * length. The entries come in hash order, scattered over the heap, so each is a cache miss;
-   * reading one `ReadAhead` places on starts its miss while this one is copied (Java has no
-   * prefetch instruction). On a 250,000-key W1 store (`bench/runMain
-   * heapstate.bench.SnapshotWrite`), a snapshot took 305 to 313 ms instead of 365 to 372.
+   * How far ahead of the entry it copies [[SnapshotFileWriter.finish]] reads. The entries come in
+   * hash order, scattered over the heap, and so do their places (array and offset) in the writer's
+   * lists, which are in the view's order: copying an entry waits on up to three cache misses in a
+   * row (its place in the lists, then its bytes), and Java has no prefetch instruction.
    *
-   * Where an entry is (its array and offset, in the writer's lists, which are in the view's order
-   * and so read out of order too) is read `2 * ReadAhead` places on, so that the read of its bytes
-   * `ReadAhead` places on finds them in the cache and waits on one miss, not on three in a row.
-   * On a 1M-key store of W5's shape (`SnapshotWrite --keys 1000000 --updates 2500 --payload 64
-   * --interval 10`, stop 63) a snapshot took 888 to 1,000 ms (four runs) instead of 1,106 to 1,183
-   * (three); 8 and 16, 16 and 32, or 12 and 48 places did no better.
+   * So the writer reads ahead in groups of `ReadAhead` entries, in loops that do nothing else:
+   * the places of a group two groups on, then the first bytes of the group after the one it
+   * copies, whose places are now in the cache. The reads of one group do not wait on one another,
+   * so the processor has many misses in flight at once, where a read ahead inside the copying
+   * loop had one or two.
+   *
+   * A 1M-key store of W5's shape (`bench/runMain heapstate.bench.SnapshotWrite --keys 1000000
+   * --updates 2500 --payload 64 --interval 10 --runs 5`, three rounds alternating, stop 63): a
+   * snapshot took 786, 910 and 795 ms, against 914, 952 and 971 with reads one entry at a time
+   * of its place 24 and its bytes 12 entries on, and 1,001, 1,141 and 1,118 with only its bytes
+   * read 12 entries on (stops 39 to 62; that had saved a sixth on a W1 store).
    */
-  private val ReadAhead = 12
+  private val ReadAhead = 16
 
   /** The length of the entry at `b`/`at`, its header included. */
   private def entryLength(b: Array[Byte], at: Int): Int = {

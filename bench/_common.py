@@ -569,21 +569,23 @@ class ProcCounters:
     - ``cpu_ms``: the process's CPU time, every thread (tasks, GC, JIT, heapstate's snapshots).
     - ``steal_ms``: the machine's steal time over all its CPUs: time a hypervisor gave this
       virtual machine's CPUs to something else.
-    - ``threads``: each live thread's CPU time, by thread id, with its kind (``thread_kind``);
-      empty when the threads could not be read.
+    - ``threads``: each live thread's kind (``thread_kind``), CPU time (ms) and start time (clock
+      ticks since boot, which tells a thread apart from a later one with the same id), by thread
+      id; empty when the threads could not be read.
     """
 
     minor_faults: int
     cpu_ms: float
     steal_ms: float
-    threads: dict[int, tuple[str, float]] = field(default_factory=dict)
+    threads: dict[int, tuple[str, float, int]] = field(default_factory=dict)
 
     def since(self, before: ProcCounters) -> dict[str, Any]:
         """The counts from ``before`` to this reading, under ``PROC_KEYS``, as a W1 batch records
         them, and (when both readings have threads) ``jvm_cpu_ms_by_thread``: the CPU time by
-        thread kind (``THREAD_KINDS``). A thread that began meanwhile counts all its time; one
-        that ended meanwhile is counted under ``ended``, the process's CPU time that no live
-        thread accounts for (a little below zero from the clock's ticks)."""
+        thread kind (``THREAD_KINDS``). A thread that began meanwhile (a new id, or an id whose
+        thread started at another time) counts all its time; one that ended meanwhile is counted
+        under ``ended``, the process's CPU time that no live thread accounts for (a little below
+        zero from the clock's ticks)."""
         counts: dict[str, Any] = dict(
             zip(
                 PROC_KEYS,
@@ -597,10 +599,10 @@ class ProcCounters:
         )
         if self.threads and before.threads:
             by_kind = dict.fromkeys(THREAD_KINDS, 0.0)
-            for tid, (kind, ms) in self.threads.items():
+            for tid, (kind, ms, started) in self.threads.items():
                 earlier = before.threads.get(tid)
-                # A reused thread id with less time than before is a new thread.
-                by_kind[kind] += ms - earlier[1] if earlier and earlier[1] <= ms else ms
+                same = earlier is not None and earlier[2] == started
+                by_kind[kind] += ms - earlier[1] if same else ms
             by_kind["ended"] = (self.cpu_ms - before.cpu_ms) - sum(by_kind.values())
             counts["jvm_cpu_ms_by_thread"] = {k: round(v) for k, v in by_kind.items()}
         return counts
@@ -621,28 +623,31 @@ def proc_counters(pid: int) -> ProcCounters | None:
         return None
     ticks = os.sysconf("SC_CLK_TCK")
     counted = parse_proc_counters(stat, machine, ticks)
-    threads: dict[int, tuple[str, float]] = {}
+    threads: dict[int, tuple[str, float, int]] = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return counted
     for tid in tids:
         try:  # a thread may end between the listing and the read
-            name, ms = parse_thread_cpu(Path(f"/proc/{pid}/task/{tid}/stat").read_text(), ticks)
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
         except OSError:
             continue
-        threads[int(tid)] = (thread_kind(name), ms)
+        name, ms, started = parse_thread_cpu(stat, ticks)
+        threads[int(tid)] = (thread_kind(name), ms, started)
     return ProcCounters(counted.minor_faults, counted.cpu_ms, counted.steal_ms, threads)
 
 
-def parse_thread_cpu(stat: str, ticks_per_s: int) -> tuple[str, float]:
-    """A thread's name and CPU time (ms) from its ``/proc/<pid>/task/<tid>/stat`` line, which has
-    the process's layout (``parse_proc_counters``); the name is the first 15 characters of the
-    thread's, which HotSpot gives the kernel when the thread starts (a later ``setName`` is not
-    seen)."""
+def parse_thread_cpu(stat: str, ticks_per_s: int) -> tuple[str, float, int]:
+    """A thread's name, CPU time (ms) and start time (clock ticks since boot) from its
+    ``/proc/<pid>/task/<tid>/stat`` line, which has the process's layout
+    (``parse_proc_counters``; the start time is the stat's 22nd field). The name is the first 15
+    characters of the thread's, as HotSpot gives them to the kernel when the thread starts or
+    renames itself (Spark's task threads do, keeping their prefix); a rename by another thread
+    is not seen."""
     name = stat[stat.index("(") + 1 : stat.rindex(")")]
     fields = stat[stat.rindex(")") + 1 :].split()
-    return name, (int(fields[11]) + int(fields[12])) * 1000 / ticks_per_s
+    return name, (int(fields[11]) + int(fields[12])) * 1000 / ticks_per_s, int(fields[19])
 
 
 THREAD_KINDS = ("task", "driver", "jit", "gc", "store background", "other")

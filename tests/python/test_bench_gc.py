@@ -242,56 +242,59 @@ def test_proc_counters_are_read_past_the_command_name() -> None:
     ],
 )
 def test_threads_are_told_apart_by_name(name: str, kind: str) -> None:
-    from _common import THREAD_KINDS, thread_kind
+    from _common import thread_kind
 
     assert thread_kind(name) == kind
-    assert kind in THREAD_KINDS
 
 
 def test_the_cpu_a_batch_is_split_by_the_kind_of_thread() -> None:
     from _common import ProcCounters, parse_thread_cpu
 
-    # A thread's stat has the process's layout; its name may hold spaces and parentheses.
-    stat = "77 (C2 (Compil)) S 1 4242 4242 0 -1 4194560 10 0 0 0 30 4 0 0 20\n"
-    assert parse_thread_cpu(stat, 100) == ("C2 (Compil)", 340.0)
+    # A thread's stat has the process's layout; its name may hold spaces and parentheses. Its
+    # 14th and 15th fields are its user and system time, its 22nd its start time.
+    stat = "77 (C2 (Compil)) S 1 4242 4242 0 -1 4194560 10 0 0 0 30 4 0 0 20 0 1 0 8812 9\n"
+    assert parse_thread_cpu(stat, 100) == ("C2 (Compil)", 340.0, 8812)
+    # Each thread: kind, CPU ms, start time.
     before = ProcCounters(
         0,
         1000.0,
         0.0,
         {
-            1: ("task", 400.0),
-            2: ("task", 100.0),
-            3: ("jit", 200.0),
-            4: ("gc", 50.0),
-            5: ("other", 250.0),
+            1: ("task", 400.0, 10),
+            2: ("task", 100.0, 11),
+            3: ("jit", 200.0, 5),
+            4: ("gc", 50.0, 6),
+            5: ("other", 250.0, 7),
+            6: ("task", 30.0, 12),
         },
     )
     after = ProcCounters(
         0,
-        # 1,000 ms later: the tasks 300 + 40 + 60 (thread 7, new), the JIT 120, thread 4's id
-        # held by a new thread with less time than thread 4 had (20), thread 8 new (450), and
-        # thread 5 ended: the 10 ms no live thread accounts for.
-        2000.0,
+        # 650 ms later: the tasks 300 + 40 + 60 (thread 7, new) + 10 (thread 6's id, held by a
+        # thread that started later), the JIT 120, thread 4's id held by a later thread with
+        # more time than thread 4 had (80, all of it its own), and threads 4, 5 and 6 ended:
+        # the 40 ms no live thread accounts for.
+        1650.0,
         0.0,
         {
-            1: ("task", 700.0),
-            2: ("task", 140.0),
-            3: ("jit", 320.0),
-            4: ("gc", 20.0),
-            7: ("task", 60.0),
-            8: ("store background", 450.0),
+            1: ("task", 700.0, 10),
+            2: ("task", 140.0, 11),
+            3: ("jit", 320.0, 5),
+            4: ("store background", 80.0, 900),
+            6: ("task", 10.0, 902),
+            7: ("task", 60.0, 901),
         },
     )
     counted = after.since(before)
-    assert counted["jvm_cpu_ms"] == 1000
+    assert counted["jvm_cpu_ms"] == 650
     assert counted["jvm_cpu_ms_by_thread"] == {
-        "task": 400,
+        "task": 410,
         "driver": 0,
         "jit": 120,
-        "gc": 20,
-        "store background": 450,
+        "gc": 0,
+        "store background": 80,
         "other": 0,
-        "ended": 10,  # 1,000 less 990 that live threads account for
+        "ended": 40,  # 650 less 610 that live threads account for
     }
     # Without threads in either reading there is no split, only the process's counts.
     plain = ProcCounters(0, 2000.0, 0.0)
@@ -299,7 +302,7 @@ def test_the_cpu_a_batch_is_split_by_the_kind_of_thread() -> None:
     assert "jvm_cpu_ms_by_thread" not in after.since(ProcCounters(0, 1000.0, 0.0))
 
 
-def test_this_process_threads_are_read(tmp_path: Path) -> None:
+def test_this_process_threads_are_read() -> None:
     from _common import proc_counters
 
     if not Path("/proc/self/task").exists():

@@ -341,7 +341,7 @@ final class SnapshotFileWriter(
   /** How many times the lists of entries grew (tests). */
   def growths: Int = grown
   private var rawBytes = 0L
-  /** Where [[finish]] leaves the lengths it read ahead, so that the compiler keeps those reads. */
+  /** Where [[finish]] leaves what it read ahead, so that the compiler keeps those reads. */
   private var readAheadSum = 0
   /** The sorted positions up to which [[readAhead]] has read the entries' places, and their bytes. */
   private var placesRead, bytesRead = 0

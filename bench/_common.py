@@ -646,13 +646,29 @@ def parse_thread_cpu(stat: str, ticks_per_s: int) -> tuple[str, float, int]:
     renames itself (Spark's task threads do, keeping their prefix); a rename by another thread
     is not seen."""
     name = stat[stat.index("(") + 1 : stat.rindex(")")]
-    fields = stat[stat.rindex(")") + 1 :].split()
-    return name, (int(fields[11]) + int(fields[12])) * 1000 / ticks_per_s, int(fields[19])
+    fields = _stat_fields(stat)
+    return name, _stat_cpu_ms(fields, ticks_per_s), int(fields[19])
+
+
+def _stat_fields(stat: str) -> list[str]:
+    """The fields of a ``/proc`` stat line (a process's or a thread's) after its command name,
+    which, in parentheses, may itself hold spaces and parentheses: they are counted from the last
+    ``)``, and the first after it is the stat's third (the state)."""
+    return stat[stat.rindex(")") + 1 :].split()
+
+
+def _stat_cpu_ms(fields: list[str], ticks_per_s: int) -> float:
+    """The CPU time in ms of a stat line's ``_stat_fields``: ``utime`` and ``stime``, the stat's
+    fourteenth and fifteenth, in ticks of ``1 / ticks_per_s`` seconds."""
+    return (int(fields[11]) + int(fields[12])) * 1000 / ticks_per_s
 
 
 THREAD_KINDS = ("task", "driver", "jit", "gc", "store background", "other")
-"""The kinds of a JVM's threads ``thread_kind`` tells apart, in the order reports show them; a
-batch's record adds ``ended`` (``ProcCounters.since``)."""
+"""The kinds of a JVM's threads ``thread_kind`` tells apart, in the order reports show them."""
+
+CPU_SPLIT_KINDS = (*THREAD_KINDS, "ended")
+"""The keys of a batch's ``jvm_cpu_ms_by_thread`` (``ProcCounters.since``), in the order reports
+show them: ``THREAD_KINDS``, then ``ended``, the CPU time of threads that ended meanwhile."""
 
 _GC_THREAD = re.compile(r"^(GC Thread|G1 |VM Thread|VM Periodic)")
 
@@ -683,17 +699,15 @@ def parse_proc_counters(stat: str, machine: str, ticks_per_s: int) -> ProcCounte
     """``ProcCounters`` from a ``/proc/<pid>/stat`` line and ``/proc/stat``, whose times are in
     ticks of ``1 / ticks_per_s`` seconds.
 
-    The process's command name, in parentheses, may itself hold spaces and parentheses, so its
-    fields are counted from the last ``)``: the first after it is the stat's third (the state),
-    and ``minflt``, ``utime`` and ``stime`` are the tenth, fourteenth and fifteenth. ``/proc/stat``'s
-    ``cpu`` line sums every CPU: user, nice, system, idle, iowait, irq, softirq, then steal."""
-    fields = stat[stat.rindex(")") + 1 :].split()
+    The process's ``minflt`` is the stat's tenth field (``_stat_fields``), its CPU time
+    ``_stat_cpu_ms``. ``/proc/stat``'s ``cpu`` line sums every CPU: user, nice, system, idle,
+    iowait, irq, softirq, then steal."""
+    fields = _stat_fields(stat)
     cpu = next(line for line in machine.splitlines() if line.startswith("cpu "))
-    ms = 1000 / ticks_per_s
     return ProcCounters(
         minor_faults=int(fields[7]),
-        cpu_ms=(int(fields[11]) + int(fields[12])) * ms,
-        steal_ms=int(cpu.split()[8]) * ms,
+        cpu_ms=_stat_cpu_ms(fields, ticks_per_s),
+        steal_ms=int(cpu.split()[8]) * 1000 / ticks_per_s,
     )
 
 

@@ -49,13 +49,13 @@ from typing import Any
 
 from _common import (
     BASELINE,
+    CPU_SPLIT_KINDS,
     DEFAULT_PYTHON,
     MAINTENANCE_CONF,
     PROC_KEYS,
     PROVIDERS,
     REPO_DIR,
     RESULTS_DIR,
-    THREAD_KINDS,
     Metric,
     Provider,
     StateFiles,
@@ -672,12 +672,12 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def cpu_by_thread_median(steady: list[dict[str, Any]]) -> dict[str, float] | None:
-    """For each kind of thread (``THREAD_KINDS`` and ``ended``), the median of its CPU time over
+    """For each kind of thread (``CPU_SPLIT_KINDS``), the median of its CPU time over
     the ``steady`` batches whose records have ``jvm_cpu_ms_by_thread``; None when none has."""
     split = [b["jvm_cpu_ms_by_thread"] for b in steady if b.get("jvm_cpu_ms_by_thread")]
     if not split:
         return None
-    return {kind: median([s.get(kind, 0) for s in split]) for kind in (*THREAD_KINDS, "ended")}
+    return {kind: median([s.get(kind, 0) for s in split]) for kind in CPU_SPLIT_KINDS}
 
 
 METRICS = [

@@ -40,11 +40,11 @@ from typing import Any
 
 import w1
 from _common import (
+    CPU_SPLIT_KINDS,
     DEFAULT_PYTHON,
     MAINTENANCE_CONF,
     PROVIDERS,
     RESULTS_DIR,
-    THREAD_KINDS,
     fmt_bytes,
     fmt_ms,
     fmt_ms_fine,
@@ -467,9 +467,9 @@ def print_report(
 
 def print_cpu_by_thread(summaries: dict[str, dict[int, dict[str, Any]]]) -> None:
     """The JVM's CPU in a steady batch by the kind of thread that spent it (median of each kind;
-    ``THREAD_KINDS``), at each K and then the largest K over the K before it. Nothing when no
+    ``CPU_SPLIT_KINDS``), at each K and then the largest K over the K before it. Nothing when no
     run recorded it (reports before stop 63, or no /proc)."""
-    kinds = (*THREAD_KINDS, "ended")
+    kinds = CPU_SPLIT_KINDS
     rows = [("provider", "K", *kinds)]
     for name, by_k in summaries.items():
         split = {

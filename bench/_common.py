@@ -15,6 +15,7 @@ These modules are scripts' helpers, not a library: they are imported by the scri
 
 from __future__ import annotations
 
+import argparse
 import filecmp
 import json
 import os
@@ -292,6 +293,19 @@ def pyspark_submit_args(
     if options:
         parts += ["--driver-java-options", shlex.quote(" ".join(options))]
     return " ".join([*parts, "pyspark-shell"])
+
+
+def add_java_option(parser: argparse.ArgumentParser, what: str, example: str) -> None:
+    """``--java-option``, repeatable, into ``args.java_option`` (a list; ``pyspark_submit_args``'
+    ``java_options``, which checks that each is one word): an extra option for ``what``, such as
+    ``example``. W1, W4, W5 and the soak take it."""
+    parser.add_argument(
+        "--java-option",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help=f"an extra option for {what}, such as {example} (repeatable; one word each)",
+    )
 
 
 _GC_PAUSE = re.compile(r"^\[(\d+)ms\] GC\(\d+\) (Pause [^(]*?)\s*(?:\(.*\))?\s.*?([\d.]+)ms$")

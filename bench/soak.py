@@ -50,6 +50,7 @@ from _common import (
     REPO_JAR,
     RESULTS_DIR,
     StateFiles,
+    add_java_option,
     fmt_bytes,
     heap_after_full_gcs,
     jvm_heap_after_gc,
@@ -88,13 +89,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "a provider that does not report its snapshots gets a forced snapshot on every commit "
         "within a short run",
     )
-    parser.add_argument(
-        "--java-option",
-        action="append",
-        default=[],
-        metavar="OPTION",
-        help="an extra option for the driver JVM (which is also the executor), such as "
-        "--java-option=-XX:+UseZGC (repeatable; one word each; the heap is 4g)",
+    add_java_option(
+        parser,
+        "the driver JVM (which is also the executor; its heap is 4g)",
+        "--java-option=-XX:+UseZGC",
     )
     parser.add_argument("--report-every", type=int, default=10, help="progress every N batches")
     parser.add_argument("--work-dir", help="where the checkpoint goes (default: a temporary one)")

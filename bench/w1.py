@@ -59,6 +59,7 @@ from _common import (
     Metric,
     Provider,
     StateFiles,
+    add_java_option,
     drop_file,
     fmt_bytes,
     fmt_ms,
@@ -133,14 +134,7 @@ def add_jvm_arguments(parser: argparse.ArgumentParser, heap_example: str) -> Non
         action="store_true",
         help=f"start every worker JVM with {PRETOUCH} (see PRETOUCH in w1.py)",
     )
-    parser.add_argument(
-        "--java-option",
-        action="append",
-        default=[],
-        metavar="OPTION",
-        help=f"an extra option for every worker JVM, such as {heap_example} "
-        "(repeatable; one word each)",
-    )
+    add_java_option(parser, "every worker JVM", heap_example)
     parser.add_argument(
         "--warmup-batches",
         type=int,

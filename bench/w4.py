@@ -139,6 +139,7 @@ from _common import (
     REPO_DIR,
     RESULTS_DIR,
     Provider,
+    add_java_option,
     drop_file,
     host_info,
     parse_confs,
@@ -780,14 +781,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--python", default=str(DEFAULT_PYTHON), help="the workers' Python")
     parser.add_argument("--jar", help="the heapstate jar (default: heapstate.jar_path())")
     parser.add_argument("--driver-memory", default="4g", help="every worker's driver heap")
-    parser.add_argument(
-        "--java-option",
-        action="append",
-        default=[],
-        metavar="OPTION",
-        help="an extra option for every worker JVM, such as -XX:TieredStopAtLevel=1 "
-        "(repeatable; one word each)",
-    )
+    add_java_option(parser, "every worker JVM", "-XX:TieredStopAtLevel=1")
     parser.add_argument(
         "--conf",
         action="append",

@@ -242,9 +242,10 @@ def test_proc_counters_are_read_past_the_command_name() -> None:
     ],
 )
 def test_threads_are_told_apart_by_name(name: str, kind: str) -> None:
-    from _common import thread_kind
+    from _common import THREAD_KINDS, thread_kind
 
     assert thread_kind(name) == kind
+    assert kind in THREAD_KINDS
 
 
 def test_the_cpu_a_batch_is_split_by_the_kind_of_thread() -> None:

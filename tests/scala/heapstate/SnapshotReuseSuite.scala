@@ -20,10 +20,10 @@ class SnapshotReuseSuite extends AnyFunSuite {
   private val path = new Path("/tmp/x/7.hs-snapshot")
   private def header(codec: Codec) = StateFileFormat.Header(StateFileFormat.KindSnapshot, codec, 7, 3)
 
-  private def write(codec: Codec, entries: Map[Long, Array[Byte]], bucketBytes: Int, reuse: BucketReuse = null)
-      : (Array[Byte], SnapshotFileWriter) = {
+  private def write(codec: Codec, entries: Map[Long, Array[Byte]], bucketBytes: Int, reuse: BucketReuse = null,
+      dictionaryBytes: Int = 0, dictionary: Array[Byte] = null): (Array[Byte], SnapshotFileWriter) = {
     val out = new ByteArrayOutputStream()
-    val w = new SnapshotFileWriter(out, header(codec), bucketBytes, _ => (), reuse)
+    val w = new SnapshotFileWriter(out, header(codec), bucketBytes, _ => (), reuse, 0, dictionaryBytes, dictionary)
     entries.foreach { case (k, v) => w.put(java.nio.ByteBuffer.allocate(8).putLong(k).array(), v) }
     assert(w.finish() == out.size())
     (out.toByteArray, w)
@@ -65,6 +65,40 @@ class SnapshotReuseSuite extends AnyFunSuite {
         assert(copied.toSeq == fresh.toSeq)
       } finally base.close()
     }
+  }
+
+  test("a snapshot copies buckets from a base with a dictionary, with that dictionary, and makes the fresh file") {
+    val rng = new scala.util.Random(23)
+    def payload() = Array.fill(20 + rng.nextInt(40))(('a' + rng.nextInt(16)).toByte)
+    val before = (0L until 20000L).map(k => k -> payload()).toMap
+    val touched = new TouchedBuckets(StateFileFormat.MaxBucketBits)
+    var after = before
+    for (k <- 0L until 20000L by 211L) { after += k -> payload(); touched.mark(hashOf(k)) }
+    val (first, firstWriter) = write(Codec.Zstd, before, 256, dictionaryBytes = 4096)
+    assert(firstWriter.trained && firstWriter.dictionary != null && firstWriter.dictionary.length <= 4096)
+    val base = open(first)
+    try {
+      assert(base.dictionary.toSeq == firstWriter.dictionary.toSeq)
+      val (copied, writer) = write(Codec.Zstd, after, 256, new BucketReuse(base, touched.untouched), 4096)
+      assert(!writer.trained && writer.dictionary.toSeq == base.dictionary.toSeq, "the base's dictionary was not kept")
+      assert(writer.reused > writer.bucketCount / 2 && writer.reused < writer.bucketCount,
+        s"${writer.reused} of ${writer.bucketCount} buckets copied")
+      // A fresh write given the same dictionary makes the same file; one that trains its own, not.
+      assert(copied.toSeq == write(Codec.Zstd, after, 256, dictionary = base.dictionary)._1.toSeq)
+      val (retrained, w) = write(Codec.Zstd, after, 256, dictionaryBytes = 4096)
+      assert(w.trained && w.reused == 0 && retrained.toSeq != copied.toSeq)
+      val reread = open(copied)
+      try assert(reread.keyCount == after.size && reread.dictionary.toSeq == base.dictionary.toSeq)
+      finally reread.close()
+    } finally base.close()
+    // A base without a dictionary: the writer trains one and copies nothing, since no bucket of
+    // the base was compressed with it.
+    val plain = open(write(Codec.Zstd, before, 256)._1)
+    try {
+      assert(plain.dictionary == null)
+      val (_, w) = write(Codec.Zstd, after, 256, new BucketReuse(plain, touched.untouched), 4096)
+      assert(w.trained && w.reused == 0)
+    } finally plain.close()
   }
 
   test(
@@ -212,6 +246,21 @@ class SnapshotReuseSuite extends AnyFunSuite {
   }
 
   /** Each key of the snapshot file `f` with its value. */
+  /**
+   * The dictionary snapshot `v` of `files` was compressed with, which a fresh write of the same
+   * state must use to make the same file (a dictionary trained anew on the state of `v` differs
+   * from the one its engine keeps from snapshot to snapshot). Every engine snapshot of these tests
+   * is big enough to train one on.
+   */
+  private def dictionaryOf(files: StateFiles, v: Long): Array[Byte] = {
+    val f = files.list().find(f => f.kind == StateFileNames.Snapshot && f.version == v).get
+    val opened = files.openSnapshot(f).get
+    try {
+      assert(opened.dictionary != null, s"snapshot $v has no dictionary")
+      opened.dictionary
+    } finally opened.close()
+  }
+
   private def contents(files: StateFiles, f: StateFileNames.StateFile): Map[Long, Long] = {
     val got = mutable.Map.empty[Long, Long]
     files.read(f)((k, v) => got(java.nio.ByteBuffer.wrap(k).getLong) = java.nio.ByteBuffer.wrap(v).getLong,
@@ -261,7 +310,8 @@ class SnapshotReuseSuite extends AnyFunSuite {
     assert(reusedBefore(1) > 0, "the second snapshot copied nothing")
     // The same state written afresh, to another directory: the same file.
     val fresh = new StateFiles(new Path(StoreFixture.tempDir(), "fresh"), new Configuration(), 0)
-    fresh.writeSnapshot(9, Codec.Zstd, 256)(w => engine.live.writeSnapshotView(9, w.putEntry(_, _, _)))
+    fresh.writeSnapshot(9, Codec.Zstd, 256, dictionary = dictionaryOf(files, 9))(w =>
+      engine.live.writeSnapshotView(9, w.putEntry(_, _, _)))
     def bytesOf(fs: StateFiles) =
       java.nio.file.Files.readAllBytes(new java.io.File(fs.snapshotPath(9).toUri.getPath).toPath).toSeq
     assert(bytesOf(files) == bytesOf(fresh))
@@ -381,7 +431,8 @@ class SnapshotReuseSuite extends AnyFunSuite {
     val third = snapshotFile(3)
     assertHolds(files, third, model)
     val fresh = new StateFiles(new Path(StoreFixture.tempDir(), "fresh"), new Configuration(), 0)
-    fresh.writeSnapshot(3, Codec.Zstd, 256)(w => engine.live.writeSnapshotView(3, w.putEntry(_, _, _)))
+    fresh.writeSnapshot(3, Codec.Zstd, 256, dictionary = dictionaryOf(files, 3))(w =>
+      engine.live.writeSnapshotView(3, w.putEntry(_, _, _)))
     assert(bytesOf(third) == bytesOf(fresh.list().head))
     assert(copies == Map(third.path.getName -> bytesOf(third)), "the copy of snapshot 1 was not replaced by 3's")
     // A cleaner of the temporary directory removes the copies: the next snapshot makes the directory again.
@@ -647,7 +698,8 @@ class SnapshotReuseSuite extends AnyFunSuite {
     val snapshot5 = files.list().find(f => f.kind == StateFileNames.Snapshot && f.version == 5).get
     assertHolds(files, snapshot5, model)
     val fresh = new StateFiles(new Path(StoreFixture.tempDir(), "fresh"), new Configuration(), 0)
-    fresh.writeSnapshot(5, Codec.Zstd, 256)(w => engine.live.writeSnapshotView(5, w.putEntry(_, _, _)))
+    fresh.writeSnapshot(5, Codec.Zstd, 256, dictionary = dictionaryOf(files, 5))(w =>
+      engine.live.writeSnapshotView(5, w.putEntry(_, _, _)))
     def bytesOf(fs: StateFiles) =
       java.nio.file.Files.readAllBytes(new java.io.File(fs.snapshotPath(5).toUri.getPath).toPath).toSeq
     assert(bytesOf(files) == bytesOf(fresh))

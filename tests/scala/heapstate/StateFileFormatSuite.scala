@@ -180,6 +180,97 @@ class StateFileFormatSuite extends AnyFunSuite {
     }
   }
 
+  /** A snapshot of `entries` in buckets of `bucketBytes`, compressed with zstd and a dictionary trained on them. */
+  private def writeWithDictionary(
+      entries: Seq[(Array[Byte], Array[Byte])], bucketBytes: Int, dictionaryBytes: Int, codec: Codec = Codec.Zstd)
+      : (Array[Byte], SnapshotFileWriter) = {
+    val out = new ByteArrayOutputStream()
+    val w = new SnapshotFileWriter(out, StateFileFormat.Header(StateFileFormat.KindSnapshot, codec, 7, 3), bucketBytes,
+      _ => (), dictionaryBytes = dictionaryBytes)
+    entries.foreach { case (k, v) => w.put(k, v) }
+    assert(w.finish() == out.size())
+    (out.toByteArray, w)
+  }
+
+  /** Records shaped like a W1 store's: a numbered key, and a value of a number and hex characters. */
+  private val hexEntries: Seq[(Array[Byte], Array[Byte])] = {
+    val rng = new scala.util.Random(31)
+    (0 until 20000).map { i =>
+      (s"key-$i".getBytes("UTF-8"),
+        (s"${rng.nextInt(1000)}:" + Seq.fill(40)("0123456789abcdef" (rng.nextInt(16)))
+          .mkString).getBytes("UTF-8"))
+    }
+  }
+
+  test("a zstd snapshot with a dictionary trained on its buckets is format 3, reads back whole, and is smaller") {
+    val (bytes, w) = writeWithDictionary(hexEntries, 256, StateFileFormat.DictionaryBytes)
+    assert(w.trained && w.dictionary != null && w.dictionary.length <= StateFileFormat.DictionaryBytes)
+    val (got, summary) = readSnapshot(bytes)
+    assert(summary.header.format == StateFileFormat.DictionaryFormat && summary.records == hexEntries.size)
+    assert(got == hexEntries.map { case (k, v) => k.toSeq -> v.toSeq }.toMap)
+    val plain = writeSnapshot(Codec.Zstd, hexEntries, bucketBytes = 256)
+    assert(bytes.length < plain.length * 9 / 10, s"${bytes.length} bytes with a dictionary, ${plain.length} without")
+    val buckets = StateFileReader.openSnapshot(new ByteArrayInputStream(bytes), bytes.length, snapshotPath, 7).get
+    val mapped = openMapped(tempFile(bytes), bytes.length)
+    try {
+      assert(buckets.dictionary.toSeq == w.dictionary.toSeq && mapped.dictionary.toSeq == w.dictionary.toSeq)
+      assert(allBuckets(mapped) == allBuckets(buckets))
+      val key = "key-12345".getBytes("UTF-8")
+      val hash = engine.Key.hash(key, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.length)
+      val found =
+        mapped.find(mapped.bucketOf(hash), key, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.length)
+      assert(engine.Entry.value(found).toSeq == hexEntries(12345)._2.toSeq)
+    } finally { buckets.close(); mapped.close() }
+  }
+
+  test("a snapshot with too few buckets to train on, or another codec than zstd, is format 2 with no dictionary") {
+    for ((entries, codec) <- Seq(hexEntries.take(20) -> Codec.Zstd, hexEntries -> Codec.Lz4)) {
+      val (bytes, w) = writeWithDictionary(entries, 256, StateFileFormat.DictionaryBytes, codec)
+      assert(w.dictionary == null && !w.trained)
+      assert(readSnapshot(bytes)._2.header.format == 2)
+      assert(bytes.toSeq == writeSnapshot(codec, entries, bucketBytes = 256).toSeq)
+    }
+  }
+
+  test("every truncation and every single bit flip of a snapshot with a dictionary is detected") {
+    val (bytes, w) = writeWithDictionary(hexEntries.take(400), 64, 256)
+    assert(w.dictionary != null)
+    for (len <- 0 until bytes.length) intercept[StateFileException](readSnapshot(bytes.take(len)))
+    for (pos <- bytes.indices by 3; bit <- Seq(0, 5)) {
+      val damaged = bytes.clone()
+      damaged(pos) = (damaged(pos) ^ (1 << bit)).toByte
+      val e = intercept[StateFileException](readSnapshot(damaged))
+      assert(e.getMessage.contains(snapshotPath.toString))
+    }
+  }
+
+  test("a dictionary's damage and format 3 where it cannot be are named") {
+    val (bytes, _) = writeWithDictionary(hexEntries.take(400), 64, 256)
+    /** `bytes` with the int at `at` from the body's end set to `v`, and the body's checksum made right again. */
+    def withFooterInt(fromBodyEnd: Int, v: Int): Array[Byte] = {
+      val b = bytes.clone()
+      val bodyEnd = b.length - StateFileFormat.TrailerBytes
+      java.nio.ByteBuffer.wrap(b).putInt(bodyEnd - fromBodyEnd, v)
+      val crc = new java.util.zip.CRC32C
+      crc.update(b, StateFileFormat.HeaderBytes, bodyEnd - StateFileFormat.HeaderBytes)
+      java.nio.ByteBuffer.wrap(b).putInt(bodyEnd + 8, crc.getValue.toInt)
+      b
+    }
+    def rejected(b: Array[Byte]): String = intercept[StateFileException](readSnapshot(b)).getMessage
+    assert(readSnapshot(withFooterInt(20, java.nio.ByteBuffer.wrap(bytes).getInt(bytes.length - 36)))._1.size == 400)
+    assert(rejected(withFooterInt(20, 0)).contains("a dictionary of 0 bytes"))
+    assert(rejected(withFooterInt(20, StateFileFormat.MaxDictionaryBytes + 1)).contains("a dictionary of"))
+    assert(rejected(withFooterInt(20, 300)).contains("its buckets add up to"))
+    def withHeader(b: Array[Byte], h: StateFileFormat.Header): Array[Byte] =
+      StateFileFormat.encodeHeader(h) ++ b.drop(StateFileFormat.HeaderBytes)
+    val lz4 = withHeader(bytes, StateFileFormat.Header(StateFileFormat.KindSnapshot, Codec.Lz4, 7, 3, format = 3))
+    assert(rejected(lz4).contains("format version 3 with codec lz4"))
+    val journal = write(Codec.Zstd, records)
+    val e = intercept[StateFileException](read(withHeader(journal,
+          StateFileFormat.Header(StateFileFormat.KindJournal, Codec.Zstd, 7, 3, format = 3))))
+    assert(e.getMessage.contains("journal of format version 3, which only snapshots have"), e.getMessage)
+  }
+
   /** Every bucket's entries of `buckets`, as (key, value), in bucket order. */
   private def allBuckets(buckets: SnapshotBuckets): Seq[(Seq[Byte], Seq[Byte])] = {
     val got = Seq.newBuilder[(Seq[Byte], Seq[Byte])]

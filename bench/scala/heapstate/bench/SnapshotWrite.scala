@@ -63,6 +63,7 @@ object SnapshotWrite {
       first.commit()
       val rnd = new java.util.Random(1)
       val plain, forced = Seq.newBuilder[Double]
+      val sizes = Seq.newBuilder[Long]
       for (v <- 1 to interval * runs) {
         val force = v % interval == 0
         val store = provider.getStore(v.toLong, None, forceSnapshotOnCommit = force, loadEmpty = false)
@@ -73,14 +74,25 @@ object SnapshotWrite {
         store.commit()
         val ms = (System.nanoTime() - started) / 1e6
         (if (force) forced else plain) += ms
+        if (force) sizes += newestSnapshotBytes(root)
         println(f"version ${v + 1}: commit ${if (force) "with a snapshot" else "alone"} $ms%.2f ms")
       }
       val (a, s) = (median(plain.result()), median(forced.result()))
       println(f"%nSnapshot of $keys%,d keys: commit with it $s%.2f ms, alone $a%.2f ms (medians of $runs): " +
-        f"the snapshot ${s - a}%.2f ms")
+        f"the snapshot ${s - a}%.2f ms; its file ${median(sizes.result().map(_.toDouble)) / 1e6}%.2f MB")
     } finally {
       provider.close()
       deleteRecursively(root.toFile)
     }
+  }
+
+  /** The bytes of the newest snapshot file under `root` (the store's directory is below it). */
+  private def newestSnapshotBytes(root: java.nio.file.Path): Long = {
+    val files = Files.walk(root)
+    try {
+      val snapshots = files.filter(_.toString.endsWith(".hs-snapshot")).toArray.map(_.asInstanceOf[java.nio.file.Path])
+      val newest = snapshots.maxBy(f => f.getFileName.toString.takeWhile(_.isDigit).toLong)
+      Files.size(newest)
+    } finally files.close()
   }
 }

@@ -31,7 +31,9 @@ final case class EngineSettings(
     minVersionsToRetain: Int,
     snapshotBucketBytes: Int,
     snapshotPhase: Int = 0,
-    bulkLoadSnapshotBytes: Long = StateEngine.BulkLoadSnapshotBytes) {
+    bulkLoadSnapshotBytes: Long = StateEngine.BulkLoadSnapshotBytes,
+    /** The zstd dictionary a snapshot's buckets are compressed with (see `SnapshotFileWriter`); 0: none. */
+    snapshotDictionaryBytes: Int = heapstate.io.StateFileFormat.DictionaryBytes) {
   require(snapshotPhase >= 0 && snapshotPhase < math.max(compactionInterval, 1), s"a phase in [0, $compactionInterval)")
 }
 
@@ -682,7 +684,7 @@ final class StateEngine(
         val expected = math.min(keys + (keys >>> 6) + 16, Int.MaxValue - 8L).toInt
         def write(reuse: BucketReuse): Long =
           files.writeSnapshot(s, settings.codec, settings.snapshotBucketBytes, id, pace, reuse, keepCopy = true,
-            expectedEntries = expected) { w =>
+            expectedEntries = expected, dictionaryBytes = settings.snapshotDictionaryBytes) { w =>
             writer = w
             st.writeSnapshotView(s, w.putEntry(_, _, _))
           }
@@ -705,7 +707,10 @@ final class StateEngine(
         }
         log.info(f"Wrote snapshot of version $s for ${files.dir}: $bytes%d bytes in " +
           f"${(System.nanoTime() - started) / 1e6}%.0f ms, ${writer.reused}%d of ${writer.bucketCount}%d buckets " +
-          (if (writer.reused > 0) s"copied from version ${base.get.version}" else "copied"))
+          (if (writer.reused > 0) s"copied from version ${base.get.version}" else "copied") +
+          (if (writer.dictionary == null) ""
+           else if (writer.trained) ", with a dictionary trained for it"
+           else ", with its base's dictionary"))
         Some(s)
       } catch {
         case _: SnapshotPacer.Abandoned =>

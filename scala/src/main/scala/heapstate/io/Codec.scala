@@ -19,6 +19,13 @@ sealed abstract class Codec(val id: Byte, val name: String) {
   def decompress(in: InputStream): InputStream
   /** A compressor and decompressor of whole blocks, for one thread at a time; close it after use. */
   def blocks(): BlockCodec
+
+  /**
+   * [[blocks]] whose blocks are compressed with `dictionary` (null: none), which reading them then
+   * needs too. Only zstd takes one (see `Codec.Zstd`).
+   */
+  def blocks(dictionary: Array[Byte]): BlockCodec =
+    if (dictionary == null) blocks() else throw new IllegalArgumentException(s"codec $name takes no dictionary")
 }
 
 /**
@@ -199,7 +206,15 @@ object Codec {
     val BlockMinMatch = 7
     def compress(out: OutputStream): OutputStream = new DirectZstdOutput(out)
     def decompress(in: InputStream): InputStream = new ZstdInputStreamNoFinalizer(in)
-    def blocks(): BlockCodec = new BlockCodec {
+    def blocks(): BlockCodec = blocks(null)
+
+    /**
+     * Blocks compressed with a dictionary trained on a snapshot's own buckets (see
+     * `SnapshotFileWriter`), or without one when `dictionary` is null. With one, a frame records
+     * neither its content size nor the dictionary's id (a snapshot's index holds each bucket's raw
+     * length, and its file the dictionary): about 6 bytes less on buckets of a few hundred.
+     */
+    override def blocks(dictionary: Array[Byte]): BlockCodec = new BlockCodec {
       // zstd-jni's contexts hold native memory and have no finalizer: created when first needed, freed by close.
       private var cctx: ZstdCompressCtx = _
       private var dctx: ZstdDecompressCtx = _
@@ -209,13 +224,16 @@ object Codec {
       private val io = new DirectBlocks
       def maxCompressedLength(n: Int): Int = Math.toIntExact(com.github.luben.zstd.Zstd.compressBound(n.toLong))
       def compress(src: Array[Byte], len: Int, dst: Array[Byte]): Int = {
-        if (cctx == null) { cctx = new ZstdCompressCtx(); cctx.setLevel(1); cctx.setMinMatch(BlockMinMatch) }
+        if (cctx == null) {
+          cctx = new ZstdCompressCtx(); cctx.setLevel(1); cctx.setMinMatch(BlockMinMatch)
+          if (dictionary != null) { cctx.setContentSize(false); cctx.setDictID(false); cctx.loadDict(dictionary) }
+        }
         val in = io.input(src, 0, len)
         val out = io.output(dst.length)
         io.result(cctx.compressDirectByteBuffer(out, 0, dst.length, in, 0, len), dst)
       }
       def decompress(src: Array[Byte], srcOff: Int, srcLen: Int, dst: Array[Byte], rawLen: Int): Unit = {
-        if (dctx == null) dctx = new ZstdDecompressCtx()
+        if (dctx == null) { dctx = new ZstdDecompressCtx(); if (dictionary != null) dctx.loadDict(dictionary) }
         val in = io.input(src, srcOff, srcLen)
         val out = io.output(rawLen)
         requireLength(io.result(dctx.decompressDirectByteBuffer(out, 0, rawLen, in, 0, srcLen), dst), rawLen)

@@ -208,14 +208,17 @@ final class StateFiles(
    * `bucketBytes` of records; `pace` is called with the bytes of each entry collected and of each
    * bucket written (see [[SnapshotFileWriter]]), and may throw to give the snapshot up. `reuse`:
    * an earlier snapshot whose unchanged buckets are copied (see [[SnapshotFileWriter]]).
-   * `expectedEntries`: about how many entries `entries` puts, when known (see [[SnapshotFileWriter]]).
+   * `expectedEntries`: about how many entries `entries` puts, when known; `dictionaryBytes`: the
+   * size of the dictionary to compress zstd buckets with, 0 for none, and `dictionary` one to use
+   * instead of training one (see [[SnapshotFileWriter]]).
    */
   def writeSnapshot(version: Long, codec: Codec, bucketBytes: Int, id: Option[String] = None,
-      pace: Int => Unit = _ => (), reuse: BucketReuse = null, keepCopy: Boolean = false, expectedEntries: Int = 0)(
-      entries: SnapshotFileWriter => Unit): Long =
+      pace: Int => Unit = _ => (), reuse: BucketReuse = null, keepCopy: Boolean = false, expectedEntries: Int = 0,
+      dictionaryBytes: Int = 0, dictionary: Array[Byte] = null)(entries: SnapshotFileWriter => Unit): Long =
     writeAtomically(Snapshot, snapshotPath(version, id), if (keepCopy) copyFile(version, id) else None) { out =>
       val header = StateFileFormat.Header(StateFileFormat.KindSnapshot, codec, version, partition)
-      val writer = new SnapshotFileWriter(out, header, bucketBytes, pace, reuse, expectedEntries)
+      val writer =
+        new SnapshotFileWriter(out, header, bucketBytes, pace, reuse, expectedEntries, dictionaryBytes, dictionary)
       entries(writer)
       writer.finish()
     }

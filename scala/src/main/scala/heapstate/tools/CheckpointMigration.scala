@@ -326,7 +326,8 @@ object CheckpointMigration {
     val files = new StateFiles(spec.id(target).storeCheckpointLocation(), hadoopConf, spec.partition)
     val conf = HeapStateConf(confs)
     var digest: ContentDigest = null
-    files.writeSnapshot(version, conf.codec, conf.snapshotBucketBytes) { w =>
+    files.writeSnapshot(version, conf.codec, conf.snapshotBucketBytes,
+      dictionaryBytes = heapstate.io.StateFileFormat.DictionaryBytes) { w =>
       digest = readAll(source, version)((k, v) => w.put(k, v))
     }
     (digest, files.snapshotPath(version))

@@ -265,6 +265,8 @@ class StateFileFormatSuite extends AnyFunSuite {
       StateFileFormat.encodeHeader(h) ++ b.drop(StateFileFormat.HeaderBytes)
     val lz4 = withHeader(bytes, StateFileFormat.Header(StateFileFormat.KindSnapshot, Codec.Lz4, 7, 3, format = 3))
     assert(rejected(lz4).contains("format version 3 with codec lz4"))
+    val unknown = withHeader(bytes, StateFileFormat.Header(StateFileFormat.KindSnapshot, Codec.Zstd, 7, 3, format = 4))
+    assert(rejected(unknown).contains("it has format version 4; this heapstate reads formats 1, 2, 3"))
     val journal = write(Codec.Zstd, records)
     val e = intercept[StateFileException](read(withHeader(journal,
           StateFileFormat.Header(StateFileFormat.KindJournal, Codec.Zstd, 7, 3, format = 3))))

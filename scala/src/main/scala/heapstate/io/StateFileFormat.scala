@@ -121,7 +121,7 @@ object StateFileFormat {
     crc.update(bytes, 0, 20)
     if (buf.getInt != crc.getValue.toInt) throw bad("its header checksum does not match")
     if (!ReadableFormats.contains(format)) {
-      throw bad(s"it has format version $format; this heapstate reads format ${ReadableFormats.mkString(" and ")}")
+      throw bad(s"it has format version $format; this heapstate reads formats ${ReadableFormats.mkString(", ")}")
     }
     if (kind != KindJournal && kind != KindSnapshot) throw bad(s"unknown file kind $kind")
     if (format == DictionaryFormat && kind != KindSnapshot) {

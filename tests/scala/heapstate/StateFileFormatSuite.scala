@@ -215,11 +215,7 @@ class StateFileFormatSuite extends AnyFunSuite {
     try {
       assert(buckets.dictionary.toSeq == w.dictionary.toSeq && mapped.dictionary.toSeq == w.dictionary.toSeq)
       assert(allBuckets(mapped) == allBuckets(buckets))
-      val key = "key-12345".getBytes("UTF-8")
-      val hash = engine.Key.hash(key, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.length)
-      val found =
-        mapped.find(mapped.bucketOf(hash), key, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.length)
-      assert(engine.Entry.value(found).toSeq == hexEntries(12345)._2.toSeq)
+      assert(valueOf(mapped, "key-12345") == hexEntries(12345)._2.toSeq)
     } finally { buckets.close(); mapped.close() }
   }
 
@@ -273,6 +269,15 @@ class StateFileFormatSuite extends AnyFunSuite {
     assert(e.getMessage.contains("journal of format version 3, which only snapshots have"), e.getMessage)
   }
 
+  /** The value `buckets` holds for the key `key` (its UTF-8 bytes), found in its bucket alone. */
+  private def valueOf(buckets: SnapshotBuckets, key: String): Seq[Byte] = {
+    val bytes = key.getBytes("UTF-8")
+    val at = org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET
+    val found = buckets.find(buckets.bucketOf(engine.Key.hash(bytes, at, bytes.length)), bytes, at, bytes.length)
+    assert(found != null, s"no $key")
+    engine.Entry.value(found).toSeq
+  }
+
   /** Every bucket's entries of `buckets`, as (key, value), in bucket order. */
   private def allBuckets(buckets: SnapshotBuckets): Seq[(Seq[Byte], Seq[Byte])] = {
     val got = Seq.newBuilder[(Seq[Byte], Seq[Byte])]
@@ -310,11 +315,7 @@ class StateFileFormatSuite extends AnyFunSuite {
       val got = allBuckets(mapped)
       assert(got == allBuckets(fromStream))
       assert(got.toMap == entries.map { case (k, v) => k.toSeq -> v.toSeq }.toMap)
-      val key = "key-12345".getBytes("UTF-8")
-      val hash = engine.Key.hash(key, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.length)
-      val found =
-        mapped.find(mapped.bucketOf(hash), key, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.length)
-      assert(engine.Entry.value(found).toSeq == entries(12345)._2.toSeq)
+      assert(valueOf(mapped, "key-12345") == entries(12345)._2.toSeq)
     } finally { fromStream.close(); mapped.close() }
   }
 

@@ -482,12 +482,10 @@ final class SnapshotFileWriter(
     block = new Array[Byte](2 * bucketBytes)
     val base =
       if (reuse != null && reuse.from.bucketBits == bits && reuse.from.codec == header.codec) reuse.from else null
-    dictionary =
-      if (withDictionary != null) withDictionary
-      else if (dictionaryBytes == 0 || header.codec != Codec.Zstd) null
-      else if (base != null && base.dictionary != null) base.dictionary
-      else { trained = true; train(buckets, starts, order) }
-    if (dictionary == null) trained = false
+    val wanted = dictionaryBytes > 0 && header.codec == Codec.Zstd
+    val kept = if (withDictionary != null) withDictionary else if (wanted && base != null) base.dictionary else null
+    dictionary = if (kept == null && wanted) train(buckets, starts, order) else kept
+    trained = kept == null && dictionary != null
     // A bucket is copied only from a snapshot compressed with the same dictionary, or without one as this.
     val from = if (base != null && java.util.Arrays.equals(base.dictionary, dictionary)) base else null
     raw.write(encodeHeader(if (dictionary == null) header else header.copy(format = DictionaryFormat)))

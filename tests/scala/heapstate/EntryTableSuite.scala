@@ -7,7 +7,8 @@ import scala.collection.mutable
 import org.apache.spark.unsafe.Platform
 import org.scalatest.funsuite.AnyFunSuite
 
-import heapstate.engine.{ChangeSet, Entry, EntryTable, Key, LiveState}
+import heapstate.engine.{BucketSet, ChangeSet, Entry, EntryTable, Key, LiveState}
+import heapstate.io.StateFileFormat
 
 /** The live state's paged, open-addressing table against a model, and under a concurrent iterator. */
 class EntryTableSuite extends AnyFunSuite {
@@ -461,6 +462,10 @@ class EntryTableSuite extends AnyFunSuite {
     val rnd = new scala.util.Random(11)
     val keep = 6
     val live = new LiveState(None, 0)
+    // Sets of about half the buckets of a split, for views of some buckets alone.
+    val pick = new scala.util.Random(13)
+    def someBuckets(bits: Int): BucketSet =
+      new BucketSet(bits, Array.fill(math.max(1, (1 << bits) >>> 6))(pick.nextLong()))
     // The model of every version: key -> value. Version 0 is empty, so version 1 is a FromEmpty.
     val models = mutable.ArrayBuffer(Map.empty[Int, Long])
     def liveContents(st: LiveState): Map[Int, Long] = {
@@ -506,6 +511,12 @@ class EntryTableSuite extends AnyFunSuite {
             emitted += b.slice(at, at + Entry.length(b, at))
           })
         assert(contentsOf(emitted) == models(s), s"the view of version $s at version $v")
+        // Of some buckets alone: the keys of those buckets, from the table and the undo log alike.
+        val only = someBuckets(pick.nextInt(StateFileFormat.MaxBucketBits + 1))
+        val some = mutable.ArrayBuffer.empty[Array[Byte]]
+        live.writeSnapshotView(s, (b, at, hash) => some += b.slice(at, at + Entry.length(b, at)), only)
+        val inThem = models(s).filter { case (k, _) => only.containsHash(Key(keyBytes(k)).hashCode) }
+        assert(contentsOf(some) == inThem, s"the view of version $s at version $v, of ${only.bits} bucket bits")
       }
       assert(!live.canRollBackTo(v - keep - 1L), s"version $v keeps no more than $keep undo entries")
       if (v % 7 == 0 || v == 5) {

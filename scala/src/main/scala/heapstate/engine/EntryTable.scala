@@ -425,8 +425,12 @@ final class EntryTable(expectedKeys: Int = 16) {
    * Calls `f` with every entry's page and offset, registered as a reader (see the class comment):
    * safe while one writer works; a key changed meanwhile is seen with one of its values, or not at
    * all if removed. The bytes stay valid after `f` returns.
+   *
+   * Given `only`, it calls `f` with the entries whose key's bucket (of `1 << only.bits`, by the
+   * key's hash: [[heapstate.io.StateFileFormat.bucketOf]]) is in `only`, and reads no other
+   * entry's bytes: the slot's hash tag, the hash's highest 21 bits, names the bucket.
    */
-  def foreach(f: EntryTable.EntryVisitor): Unit = {
+  def foreach(f: EntryTable.EntryVisitor, only: BucketSet = null): Unit = {
     synchronized { readers += 1 }
     try {
       val ss = slots
@@ -434,7 +438,9 @@ final class EntryTable(expectedKeys: Int = 16) {
       while (i < ss.length) {
         val s = ss(i)
         VarHandle.acquireFence() // the entry's bytes are read after the slot that points to them
-        if (holdsEntry(s)) f(pages(pageIndex(s)), offsetOf(s))
+        if (holdsEntry(s) && (only == null || only.containsTop21((s >>> AddressBits).toInt))) {
+          f(pages(pageIndex(s)), offsetOf(s))
+        }
         i += 1
       }
     } finally synchronized { readers -= 1 }

@@ -533,8 +533,11 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
    * its own look-ups and the snapshot's buckets. The bytes do not change until the caller's
    * snapshot ends, however long after this returns it reads them: commits write nothing in place
    * while a snapshot is being written (see `inPlace` in [[applyCommit]]).
+   *
+   * Given `only`, it emits the keys of the buckets in `only` alone, and reads no other key's bytes
+   * (see [[EntryTable.foreach]]).
    */
-  def writeSnapshotView(s: Long, emit: LiveState.ViewVisitor): Unit = {
+  def writeSnapshotView(s: Long, emit: LiveState.ViewVisitor, only: BucketSet = null): Unit = {
     require(pending == null, "a snapshot view of a state whose snapshot is still loading")
     val later = undo.tailMap(s, false)
     // The undo entries above `s`, copied out of the map again only when `undoPublished` has moved
@@ -563,10 +566,10 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
       }
     }
     // The entry is taken first, then the undo log is consulted (see the class comment).
-    table.foreach { (page, at) =>
-      val hash = Entry.keyHash(page, at) // the slot keeps only part of it
-      if (!changedAfterS(page, at, hash)) emit(page, at, hash)
-    }
+    table.foreach({ (page, at) =>
+        val hash = Entry.keyHash(page, at) // the slot keeps only part of it
+        if (!changedAfterS(page, at, hash)) emit(page, at, hash)
+      }, only)
     // A key's record in the first of these entries that has the key holds its value at `s`.
     val earlier = scala.collection.mutable.ArrayBuffer.empty[UndoEntry]
     def recordedEarlier(recorded: Array[Byte], hash: Int): Boolean = {
@@ -581,7 +584,9 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
       if (u eq UndoEntry.FromEmpty) emptied = true
       else {
         u.foreach { (recorded, hash, wasAbsent) =>
-          if (!wasAbsent && !recordedEarlier(recorded, hash)) emit(recorded, 0, hash)
+          if (!wasAbsent && (only == null || only.containsHash(hash)) && !recordedEarlier(recorded, hash)) {
+            emit(recorded, 0, hash)
+          }
         }
         earlier += u
       }

@@ -412,6 +412,14 @@ final class StateEngine(
    * written, which becomes the base when that snapshot lands. Every other change to the live
    * state (a roll-back, a fresh state, a re-run, a rebuild, until it names its own base) forgets
    * both: a base always has every change since it counted against it.
+   *
+   * Viewing the changed buckets only: when the base has the codec and dictionary the next
+   * snapshot would have, and the state's records still call for the base's split, the snapshot's
+   * view emits the keys of the changed buckets alone, picked by the hash tags in the table's
+   * slots, without reading the other keys' bytes, and the writer copies every other bucket from
+   * the base (see "Putting the changed buckets only" in [[heapstate.io.SnapshotFileWriter]]).
+   * Should the state's records call for another split by the time the writer adds them up, it
+   * refuses, and the snapshot is written again from a view of every key.
    * Guarded by `reuseLock`, never held while waiting for another lock: commits take it under the
    * monitor, the snapshot thread while it holds `snapshotLock`.
    */
@@ -426,6 +434,12 @@ final class StateEngine(
   @volatile private var bucketsReused = 0L
   /** How many snapshot buckets this engine copied from an earlier snapshot instead of compressing them. */
   def snapshotBucketsReused: Long = bucketsReused
+  @volatile private var snapshotsOfChanged = 0L
+  /**
+   * How many snapshots this engine wrote from a view of the changed buckets' keys alone (see
+   * "Viewing the changed buckets only" in the class comment).
+   */
+  def snapshotsFromChangedBuckets: Long = snapshotsOfChanged
   @volatile private var snapshotListGrowths = 0L
   /** How many times the snapshots this engine wrote grew their lists of entries (see [[SnapshotFileWriter]]; tests). */
   private[heapstate] def snapshotEntryListGrowths: Long = snapshotListGrowths
@@ -680,22 +694,40 @@ final class StateEngine(
           if (force) _ => ()
           else new SnapshotPacer(SnapshotPacer.DefaultDutyCycle, () => snapshotLockWanted).wrote
         var writer: SnapshotFileWriter = null
-        // The view emits each key of version `s` once, and rarely one a commit changes meanwhile twice.
-        val expected = math.min(keys + (keys >>> 6) + 16, Int.MaxValue - 8L).toInt
-        def write(reuse: BucketReuse): Long =
+        def write(reuse: BucketReuse, only: BucketSet): Long = {
+          // The view emits each key of version `s` once, and rarely one a commit changes meanwhile
+          // twice; of the buckets in `only` alone, about their share of the keys.
+          val share = if (only == null) keys else keys * only.size / (1L << only.bits) + (keys >>> 4) + 1024
+          val expected = math.min(share + (keys >>> 6) + 16, Int.MaxValue - 8L).toInt
           files.writeSnapshot(s, settings.codec, settings.snapshotBucketBytes, id, pace, reuse, keepCopy = true,
             expectedEntries = expected, dictionaryBytes = settings.snapshotDictionaryBytes) { w =>
             writer = w
-            st.writeSnapshotView(s, w.putEntry(_, _, _))
+            st.writeSnapshotView(s, w.putEntry(_, _, _), only)
           }
-        val bytes =
-          try write(from.map(b => new BucketReuse(b, base.get.touched.untouched)).orNull)
-          catch {
-            case e: BucketReuse.CopyFailed =>
-              log.warn(s"Could not copy buckets of snapshot ${base.get.version} of ${files.dir}; writing the " +
-                s"snapshot of version $s afresh: ${e.getMessage}")
-              write(null)
-          }
+        }
+        def copyFailed(e: BucketReuse.CopyFailed): Long = {
+          log.warn(s"Could not copy buckets of snapshot ${base.get.version} of ${files.dir}; writing the " +
+            s"snapshot of version $s afresh: ${e.getMessage}")
+          write(null, null)
+        }
+        def everyKey(): Long =
+          try write(from.map(b => new BucketReuse(b, base.get.touched.untouched)).orNull, null)
+          catch { case e: BucketReuse.CopyFailed => copyFailed(e) }
+        val only = from.flatMap(b => changedBuckets(b, base.get.touched, st))
+        val bytes = only match {
+          case Some(changed) =>
+            try {
+              val bytes = write(new BucketReuse(from.get, base.get.touched.untouched, onlyChanged = true), changed)
+              snapshotsOfChanged += 1
+              bytes
+            } catch {
+              case e: BucketReuse.ChangedOnlyRefused =>
+                log.info(s"Writing the snapshot of version $s of ${files.dir} from every key: ${e.getMessage}")
+                everyKey()
+              case e: BucketReuse.CopyFailed => copyFailed(e)
+            }
+          case None => everyKey()
+        }
         newestSnapshot = math.max(newestSnapshot, s)
         uncleanedSnapshot.accumulateAndGet(s, (a, b) => math.max(a, b))
         bucketsReused += writer.reused
@@ -726,6 +758,21 @@ final class StateEngine(
         snapshotLock.unlock()
       }
     }
+  }
+
+  /**
+   * The buckets of `from`'s split that commits changed a key of since it (`touched`), when the
+   * next snapshot can view the keys of those alone and copy the others from `from` (see "Viewing
+   * the changed buckets only" in the class comment): `from` has the codec and dictionary the
+   * snapshot would have, the state's records still call for its split, and `touched` counted the
+   * changes key by key, on a split as fine. `None` otherwise: the view then emits every key.
+   */
+  private def changedBuckets(from: SnapshotBuckets, touched: TouchedBuckets, st: LiveState): Option[BucketSet] = {
+    val dictionary = settings.snapshotDictionaryBytes > 0 && settings.codec == Codec.Zstd
+    val fits = from.codec == settings.codec && dictionary == (from.dictionary != null) && !touched.markedAll &&
+      touched.bits >= from.bucketBits &&
+      StateFileFormat.bucketBitsFor(st.recordBytes, settings.snapshotBucketBytes) == from.bucketBits
+    if (fits) Some(touched.touchedAt(from.bucketBits)) else None
   }
 
   /**

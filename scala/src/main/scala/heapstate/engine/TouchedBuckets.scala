@@ -36,6 +36,25 @@ final class TouchedBuckets(val bits: Int) {
     clear
   }
 
+  /** Whether [[markAll]] counted every bucket as changed. */
+  def markedAll: Boolean = all
+
+  /**
+   * The buckets of `1 << k` that hold a marked key: every one past [[markAll]], or for a split
+   * finer than this one's. What a snapshot view that reads only the changed buckets' keys looks
+   * each key up in (see "Viewing the changed buckets only" in [[StateEngine]]).
+   */
+  def touchedAt(k: Int): BucketSet = {
+    require(k >= 0 && k <= StateFileFormat.MaxBucketBits, s"$k bucket bits")
+    val set = new Array[Long](math.max(1, (1 << k) >>> 6))
+    var b = 0
+    while (b < (1 << k)) {
+      if (!untouched(b, k)) set(b >>> 6) |= 1L << (b & 63)
+      b += 1
+    }
+    new BucketSet(k, set)
+  }
+
   /** The heap this holds ([[MemoryModel]]). */
   def heapBytes: Long = MemoryModel.touchedBuckets(words.length)
 
@@ -56,4 +75,31 @@ object TouchedBuckets {
   def forState(recordBytes: Long, bucketBytes: Int): TouchedBuckets =
     new TouchedBuckets(math.min(StateFileFormat.MaxBucketBits,
         StateFileFormat.bucketBitsFor(recordBytes, bucketBytes) + 1))
+}
+
+/**
+ * Some of the buckets of `1 << bits` ([[StateFileFormat.bucketOf]]), one bit each in `words`.
+ * Immutable once made, so any thread may read it.
+ */
+final class BucketSet(val bits: Int, words: Array[Long]) {
+  require(bits >= 0 && bits <= StateFileFormat.MaxBucketBits, s"$bits bucket bits")
+  require(words.length == math.max(1, (1 << bits) >>> 6), s"${words.length} words for $bits bucket bits")
+
+  def containsBucket(b: Int): Boolean = (words(b >>> 6) & (1L << (b & 63))) != 0
+  def containsHash(hash: Int): Boolean = containsBucket(StateFileFormat.bucketOf(hash, bits))
+
+  /**
+   * Whether the bucket of a hash whose highest 21 bits are `top21` (`hash >>> 11`, what
+   * [[EntryTable]]'s slots keep of a key's hash) is in the set: a bucket is named by a hash's
+   * highest bits, at most 20 of them.
+   */
+  def containsTop21(top21: Int): Boolean = containsBucket(if (bits == 0) 0 else top21 >>> (21 - bits))
+
+  /** How many buckets are in the set. */
+  def size: Int = {
+    var n = 0
+    var i = 0
+    while (i < words.length) { n += java.lang.Long.bitCount(words(i)); i += 1 }
+    n
+  }
 }

@@ -332,6 +332,19 @@ final class StateFileWriter(raw: OutputStream, header: StateFileFormat.Header) {
  * in W1, where a tenth of the keys change between snapshots, about half of its buckets (2.5 KiB
  * of records each) are unchanged.
  *
+ * Putting the changed buckets only: with `reuse.onlyChanged`, the caller puts the entries of the
+ * buckets `reuse` names changed alone, and the writer copies every other bucket from `reuse.from`
+ * as it holds it, its record count included, with no entries to check it against. The snapshot
+ * splits as `reuse.from` does, and must be compressed with its dictionary: when the state's
+ * records (those copied and those put) call for another split, or the codec or dictionary
+ * differs, [[finish]] throws [[BucketReuse.ChangedOnlyRefused]] before it writes a byte, and the
+ * caller puts every entry in a new writer. The file is the one the caller would get with every
+ * entry put, when its account of the changes is right. Why: a view of every key reads each key's
+ * bytes (the key's hash) in an order the heap does not keep, and the writer sorts them all, for
+ * buckets most of which it then copies: at 1M keys of W5's shape a quarter of a snapshot's time,
+ * and a share that grows with the state, where the changed buckets' keys are as many as the
+ * changes.
+ *
  * `expectedEntries`, when above 0, is about how many entries the caller will put (a state's key
  * count): the writer's lists of entries are made that long at once, and grow by an eighth (at
  * least 1,024 entries) when it is exceeded, instead of doubling from 1,024. Those lists take 12 bytes an entry, so a store
@@ -475,15 +488,21 @@ final class SnapshotFileWriter(
    * of C2's time each, at 4M keys in W5, stop 51).
    */
   def finish(): Long = {
-    val bits = bucketBitsFor(rawBytes, bucketBytes)
-    val buckets = 1 << bits
-    val starts = bucketStarts(bits)
-    val order = sortedByBucket(bits, starts)
-    block = new Array[Byte](2 * bucketBytes)
+    val onlyChanged = reuse != null && reuse.onlyChanged
+    val bits = if (onlyChanged) changedOnlyBits() else bucketBitsFor(rawBytes, bucketBytes)
     val base =
       if (reuse != null && reuse.from.bucketBits == bits && reuse.from.codec == header.codec) reuse.from else null
     val wanted = dictionaryBytes > 0 && header.codec == Codec.Zstd
     val kept = if (withDictionary != null) withDictionary else if (wanted && base != null) base.dictionary else null
+    if (onlyChanged && (base == null || (kept == null && wanted) || !java.util.Arrays.equals(base.dictionary, kept))) {
+      throw new BucketReuse.ChangedOnlyRefused(s"snapshot ${reuse.from.version}, which the snapshot of version " +
+        s"${header.version} would copy from, has another codec or dictionary (${reuse.from.codec.name}, " +
+        s"${if (reuse.from.dictionary == null) "none" else s"${reuse.from.dictionary.length} bytes"})")
+    }
+    val buckets = 1 << bits
+    val starts = bucketStarts(bits)
+    val order = sortedByBucket(bits, starts)
+    block = new Array[Byte](2 * bucketBytes)
     dictionary = if (kept == null && wanted) train(buckets, starts, order) else kept
     trained = kept == null && dictionary != null
     // A bucket is copied only from a snapshot compressed with the same dictionary, or without one as this.
@@ -498,6 +517,7 @@ final class SnapshotFileWriter(
     try {
       try {
         if (from == null) writeFresh(buckets, starts, order, index, out, codec)
+        else if (onlyChanged) writeChangedOnly(from, bits, starts, order, index, out, codec)
         else writeReusing(from, bits, starts, order, index, out, codec)
       } finally codec.close()
       if (reused > 0) {
@@ -597,6 +617,55 @@ final class SnapshotFileWriter(
       else compressBucket(b, starts, order, index, out, codec)
       b += 1
     }
+  }
+
+  /**
+   * Copies each bucket `reuse` says is unchanged from `from`, whose records it holds (none of them
+   * was put), and fills and compresses the others (see "Putting the changed buckets only" in the
+   * class comment).
+   */
+  private def writeChangedOnly(
+      from: SnapshotBuckets,
+      bits: Int,
+      starts: Array[Int],
+      order: Array[Long],
+      index: Array[Byte],
+      out: OutputStream,
+      codec: BlockCodec): Unit = {
+    val buckets = 1 << bits
+    var b = 0
+    while (b < buckets) {
+      if (!reuse.unchanged(b, bits)) compressBucket(b, starts, order, index, out, codec)
+      else if (starts(b + 1) == starts(b)) copyBucket(from, b, from.recordCount(b), index, out)
+      else {
+        throw new IllegalStateException(s"heapstate: the snapshot of version ${header.version} of partition " +
+          s"${header.partition} was given ${starts(b + 1) - starts(b)} entries of bucket $b, which is unchanged " +
+          s"since snapshot ${from.version} and copied from it")
+      }
+      b += 1
+    }
+  }
+
+  /**
+   * With the changed buckets' entries alone: `reuse.from`'s split, which the whole state (the
+   * records of the buckets copied from there and the entries put) must call for too, as it would
+   * with every entry put; otherwise [[BucketReuse.ChangedOnlyRefused]].
+   */
+  private def changedOnlyBits(): Int = {
+    val from = reuse.from
+    val bits = from.bucketBits
+    var total = rawBytes
+    var b = 0
+    while (b < (1 << bits)) {
+      if (reuse.unchanged(b, bits)) total += from.rawLength(b)
+      b += 1
+    }
+    val wanted = bucketBitsFor(total, bucketBytes)
+    if (wanted != bits) {
+      throw new BucketReuse.ChangedOnlyRefused(s"the snapshot of version ${header.version} holds $total bytes of " +
+        s"records, for ${1 << wanted} buckets, and snapshot ${from.version}, which it would copy from, has ${1 << bits}")
+    }
+    bits
   }
 
   /** Writes bucket `b` of `from`, of `entries` records, as stored there, and its index entry. */
@@ -728,12 +797,24 @@ final class SnapshotFileWriter(
  * What a snapshot may copy from an earlier one of the same state (see "Reusing buckets" in
  * [[SnapshotFileWriter]]): that snapshot, opened, and `unchanged(b, bits)`: whether no commit
  * since it changed a key of bucket `b` of `1 << bits`. The caller closes `from`.
+ *
+ * With `onlyChanged`, the writer is given the entries of the changed buckets alone (of `from`'s
+ * split), and copies every other bucket from `from` without a look at its keys (see "Putting the
+ * changed buckets only" in [[SnapshotFileWriter]]).
  */
-final class BucketReuse(val from: SnapshotBuckets, val unchanged: (Int, Int) => Boolean)
+final class BucketReuse(val from: SnapshotBuckets, val unchanged: (Int, Int) => Boolean,
+    val onlyChanged: Boolean = false)
 
 object BucketReuse {
   /** Copying from the earlier snapshot failed (its file changed since it was opened); write afresh. */
   final class CopyFailed(cause: StateFileException) extends java.io.IOException(cause.getMessage, cause)
+
+  /**
+   * Given the changed buckets' entries alone, the writer could not copy the others: the state now
+   * calls for another split than the earlier snapshot's, or another dictionary. Nothing was
+   * written that stays; the caller writes the snapshot again with every entry.
+   */
+  final class ChangedOnlyRefused(message: String) extends java.io.IOException(message)
 }
 
 object SnapshotFileWriter {

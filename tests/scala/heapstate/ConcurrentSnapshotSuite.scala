@@ -102,6 +102,7 @@ class ConcurrentSnapshotSuite extends AnyFunSuite {
     assert(versions.size >= 3, s"seed $seed: only ${versions.size} snapshots were written during the run")
     // Every snapshot after the first had one before it, and a few commits' keys touch few buckets.
     assert(engine.snapshotBucketsReused > 0, s"seed $seed: no snapshot copied a bucket from the one before it")
+    assert(engine.snapshotsFromChangedBuckets > 0, s"seed $seed: no snapshot viewed the changed buckets' keys alone")
     // Snapshots are overwritten by later ones only at the same version; read each survivor.
     val onDisk = files.list().filter(_.kind == StateFileNames.Snapshot)
     assert(onDisk.nonEmpty)

@@ -514,7 +514,12 @@ class EntryTableSuite extends AnyFunSuite {
         // Of some buckets alone: the keys of those buckets, from the table and the undo log alike.
         val only = someBuckets(pick.nextInt(StateFileFormat.MaxBucketBits + 1))
         val some = mutable.ArrayBuffer.empty[Array[Byte]]
-        live.writeSnapshotView(s, (b, at, hash) => some += b.slice(at, at + Entry.length(b, at)), only)
+        live.writeSnapshotView(s,
+          (b, at, hash) => {
+            assert(hash == Entry.keyHash(b, at))
+            some += b.slice(at, at + Entry.length(b, at))
+          },
+          only)
         val inThem = models(s).filter { case (k, _) => only.containsHash(Key(keyBytes(k)).hashCode) }
         assert(contentsOf(some) == inThem, s"the view of version $s at version $v, of ${only.bits} bucket bits")
       }

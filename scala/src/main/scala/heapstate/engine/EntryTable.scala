@@ -945,6 +945,12 @@ object EntryTable {
   private val OffsetMask = (1L << OffsetBits) - 1
   private val AddressMask = (1L << AddressBits) - 1
   private val MaxPages = (1 << PageBits) - 2
+  /**
+   * The bits of a key's hash a slot keeps, its highest: what the slot has beside the vacated bit
+   * and the address. `BucketSet.containsTop21` takes them for 21.
+   */
+  private val TagBits = 63 - AddressBits
+  require(TagBits == 21, s"a slot keeps $TagBits bits of its key's hash; BucketSet.containsTop21 reads 21")
   /** [[Vacated]] as it shows in a slot's tag field (`slot >>> AddressBits`). */
   private val VacatedTag = 1L << (63 - AddressBits)
 
@@ -995,7 +1001,12 @@ object EntryTable {
     new java.util.ConcurrentModificationException("heapstate: the live state changed under a reader on another " +
       "thread than its writer's (two tasks on one state store at once?)")
 
-  private def tagOf(hash: Int): Long = (hash >>> 11).toLong
+  /**
+   * A slot's hash tag: the hash's highest 21 bits, which a slot keeps above its address. The
+   * highest, because they name the key's snapshot bucket (`BucketSet.containsTop21`, for
+   * [[EntryTable.foreach]] given a set of buckets).
+   */
+  private def tagOf(hash: Int): Long = (hash >>> (32 - TagBits)).toLong
   private def pageIndex(s: Long): Int = (((s & AddressMask) >>> OffsetBits) - 1).toInt
   private def addressOf(page: Int, offset: Int): Long = ((page + 1).toLong << OffsetBits) | offset
 

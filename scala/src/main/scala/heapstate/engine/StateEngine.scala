@@ -418,8 +418,9 @@ final class StateEngine(
    * view emits the keys of the changed buckets alone, picked by the hash tags in the table's
    * slots, without reading the other keys' bytes, and the writer copies every other bucket from
    * the base (see "Putting the changed buckets only" in [[heapstate.io.SnapshotFileWriter]]).
-   * Should the state's records call for another split by the time the writer adds them up, it
-   * refuses, and the snapshot is written again from a view of every key.
+   * The split is judged from the state's records at the snapshot's version; should the writer's
+   * own sum of them call for another (a view may emit a key twice), it refuses, and the snapshot
+   * is written again from a view of every key.
    * Guarded by `reuseLock`, never held while waiting for another lock: commits take it under the
    * monitor, the snapshot thread while it holds `snapshotLock`.
    */
@@ -661,7 +662,7 @@ final class StateEngine(
   private def writeSnapshotIfDue(force: Boolean): Option[Long] = {
     // The version and `snapshotInProgress` are settled under the monitor, which commits hold for
     // their whole length: `s` is a committed version, and no commit drops undo entries above it.
-    val picked: Option[(LiveState, Long, Option[String], Option[StateEngine.ReuseBase], TouchedBuckets, Long)] =
+    val picked: Option[(LiveState, Long, Option[String], Option[StateEngine.ReuseBase], TouchedBuckets, Long, Long)] =
       synchronized {
         val st = state
         // Forced snapshots come from the task thread, which may load the rest of the state; the
@@ -682,10 +683,10 @@ final class StateEngine(
             val usable = b != null && (b.state eq st) && b.version == newestSnapshot && b.version < st.version
             (if (usable) Some(b.copy(touched = b.touched.copy())) else None, tracking)
           }
-          Some((st, st.version, Option(lineageIds.get(st.version)), base, mine, st.numKeys))
+          Some((st, st.version, Option(lineageIds.get(st.version)), base, mine, st.numKeys, st.recordBytes))
         } else None
       }
-    picked.flatMap { case (st, s, id, base, mine, keys) =>
+    picked.flatMap { case (st, s, id, base, mine, keys, recordBytes) =>
       var from: Option[SnapshotBuckets] = None
       try {
         val started = System.nanoTime()
@@ -713,7 +714,7 @@ final class StateEngine(
         def everyKey(): Long =
           try write(from.map(b => new BucketReuse(b, base.get.touched.untouched)).orNull, null)
           catch { case e: BucketReuse.CopyFailed => copyFailed(e) }
-        val only = from.flatMap(b => changedBuckets(b, base.get.touched, st))
+        val only = from.flatMap(b => changedBuckets(b, base.get.touched, recordBytes))
         val bytes = only match {
           case Some(changed) =>
             try {
@@ -764,14 +765,15 @@ final class StateEngine(
    * The buckets of `from`'s split that commits changed a key of since it (`touched`), when the
    * next snapshot can view the keys of those alone and copy the others from `from` (see "Viewing
    * the changed buckets only" in the class comment): `from` has the codec and dictionary the
-   * snapshot would have, the state's records still call for its split, and `touched` counted the
-   * changes key by key, on a split as fine. `None` otherwise: the view then emits every key.
+   * snapshot would have, the state's `recordBytes` at the snapshot's version call for its split,
+   * and `touched` counted the changes key by key, on a split as fine. `None` otherwise: the view
+   * then emits every key.
    */
-  private def changedBuckets(from: SnapshotBuckets, touched: TouchedBuckets, st: LiveState): Option[BucketSet] = {
+  private def changedBuckets(from: SnapshotBuckets, touched: TouchedBuckets, recordBytes: Long): Option[BucketSet] = {
     val dictionary = settings.snapshotDictionaryBytes > 0 && settings.codec == Codec.Zstd
     val fits = from.codec == settings.codec && dictionary == (from.dictionary != null) && !touched.markedAll &&
       touched.bits >= from.bucketBits &&
-      StateFileFormat.bucketBitsFor(st.recordBytes, settings.snapshotBucketBytes) == from.bucketBits
+      StateFileFormat.bucketBitsFor(recordBytes, settings.snapshotBucketBytes) == from.bucketBits
     if (fits) Some(touched.touchedAt(from.bucketBits)) else None
   }
 

@@ -770,9 +770,8 @@ final class StateEngine(
    * then emits every key.
    */
   private def changedBuckets(from: SnapshotBuckets, touched: TouchedBuckets, recordBytes: Long): Option[BucketSet] = {
-    val dictionary = settings.snapshotDictionaryBytes > 0 && settings.codec == Codec.Zstd
-    val fits = from.codec == settings.codec && dictionary == (from.dictionary != null) && !touched.markedAll &&
-      touched.bits >= from.bucketBits &&
+    val fits = SnapshotFileWriter.compressesAs(from, settings.codec, settings.snapshotDictionaryBytes) &&
+      !touched.markedAll && touched.bits >= from.bucketBits &&
       StateFileFormat.bucketBitsFor(recordBytes, settings.snapshotBucketBytes) == from.bucketBits
     if (fits) Some(touched.touchedAt(from.bucketBits)) else None
   }

@@ -494,7 +494,8 @@ final class SnapshotFileWriter(
       if (reuse != null && reuse.from.bucketBits == bits && reuse.from.codec == header.codec) reuse.from else null
     val wanted = dictionaryBytes > 0 && header.codec == Codec.Zstd
     val kept = if (withDictionary != null) withDictionary else if (wanted && base != null) base.dictionary else null
-    if (onlyChanged && (base == null || (kept == null && wanted) || !java.util.Arrays.equals(base.dictionary, kept))) {
+    if (onlyChanged && (base == null || !SnapshotFileWriter.compressesAs(base, header.codec, dictionaryBytes,
+        withDictionary))) {
       throw new BucketReuse.ChangedOnlyRefused(s"snapshot ${reuse.from.version}, which the snapshot of version " +
         s"${header.version} would copy from, has another codec or dictionary (${reuse.from.codec.name}, " +
         s"${if (reuse.from.dictionary == null) "none" else s"${reuse.from.dictionary.length} bytes"})")
@@ -818,6 +819,20 @@ object BucketReuse {
 }
 
 object SnapshotFileWriter {
+  /**
+   * Whether a writer of `codec` with `dictionaryBytes` (and `withDictionary`, when given)
+   * compresses its buckets as `from` did, before it trains anything: the same codec, and the
+   * dictionary it keeps is `from`'s, or neither has one. What a writer given the changed buckets
+   * alone requires (see "Putting the changed buckets only" in [[SnapshotFileWriter]]), and what
+   * the engine checks before it views them.
+   */
+  def compressesAs(from: SnapshotBuckets, codec: Codec, dictionaryBytes: Int,
+      withDictionary: Array[Byte] = null): Boolean = from.codec == codec && {
+    val wanted = dictionaryBytes > 0 && codec == Codec.Zstd
+    val kept = if (withDictionary != null) withDictionary else if (wanted) from.dictionary else null
+    !(kept == null && wanted) && java.util.Arrays.equals(from.dictionary, kept)
+  }
+
   /**
    * How far ahead of the entry it copies [[SnapshotFileWriter.finish]] reads. The entries come in
    * hash order, scattered over the heap, and so do their places (array and offset) in the writer's

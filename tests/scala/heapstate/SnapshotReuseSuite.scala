@@ -113,8 +113,13 @@ class SnapshotReuseSuite extends AnyFunSuite {
     def changedOnly(codec: Codec, base: SnapshotBuckets, state: Map[Long, Array[Byte]], dictionaryBytes: Int,
         also: Long => Boolean = _ => false): (Array[Byte], SnapshotFileWriter) = {
       val changed = touched.touchedAt(base.bucketBits)
-      write(codec, state.filter { case (k, _) => changed.containsHash(hashOf(k)) || also(k) }, 256,
-        new BucketReuse(base, touched.untouched, onlyChanged = true), dictionaryBytes)
+      write(
+        codec,
+        state.filter { case (k, _) => changed.containsHash(hashOf(k)) || also(k) },
+        256,
+        new BucketReuse(base, touched.untouched, onlyChanged = true, keyCount = state.size),
+        dictionaryBytes
+      )
     }
     for ((codec, dictionaryBytes) <- Seq(Codec.Zstd -> 4096, Codec.Zstd -> 0, Codec.Lz4 -> 0)) {
       val base = open(write(codec, before, 256, dictionaryBytes = dictionaryBytes)._1)
@@ -137,18 +142,30 @@ class SnapshotReuseSuite extends AnyFunSuite {
       val stray = before.keys.find(k => !touched.touchedAt(base.bucketBits).containsHash(hashOf(k))).get
       val e = intercept[IllegalStateException](changedOnly(Codec.Zstd, base, after, 4096, _ == stray))
       assert(e.getMessage.contains(s"bucket ${base.bucketOf(hashOf(stray))}, which is unchanged since snapshot 7"))
+      // A key removed from a bucket named unchanged, or added to one, and not counted as a change:
+      // the base's copy of that bucket makes the records one more or one fewer than the state's keys.
+      val missed = after - stray
+      val removed = intercept[BucketReuse.ChangedOnlyRefused](changedOnly(Codec.Zstd, base, missed, 4096))
+      assert(removed.miscounted && removed.getMessage.contains(s"the snapshot of version 7 of partition 3 holds " +
+        s"${after.size} records, copied from snapshot 7 and put, where the state holds ${missed.size} keys"))
+      val unseen =
+        Iterator.from(100000).map(_.toLong).find(k => !touched.touchedAt(base.bucketBits).containsHash(hashOf(k))).get
+      val added =
+        intercept[BucketReuse.ChangedOnlyRefused](changedOnly(Codec.Zstd, base, after + (unseen -> payload()), 4096))
+      assert(added.miscounted && added.getMessage.contains(s"holds ${after.size} records, copied from snapshot 7 and " +
+        s"put, where the state holds ${after.size + 1} keys: a key was added to or removed from a bucket counted unchanged"))
       // Another codec, or no dictionary where the base has one.
       Seq(Codec.Lz4 -> 0, Codec.Zstd -> 0).foreach { case (codec, bytes) =>
         val other = intercept[BucketReuse.ChangedOnlyRefused](changedOnly(codec, base, after, bytes))
         assert(other.getMessage.contains("snapshot 7, which the snapshot of version 7 would copy from, has another " +
-            "codec or dictionary (zstd, "))
+          "codec or dictionary (zstd, ") && !other.miscounted)
       }
       // Twice the records: the state calls for one more bucket bit than the base has.
       val grown = after ++ (40000L until 60000L).map(k => k -> payload())
       (40000L until 60000L).foreach(k => touched.mark(hashOf(k)))
       val refused = intercept[BucketReuse.ChangedOnlyRefused](changedOnly(Codec.Zstd, base, grown, 4096))
       assert(refused.getMessage.contains(s"for ${2 * base.buckets} buckets, and snapshot 7, which it would copy " +
-          s"from, has ${base.buckets}"))
+        s"from, has ${base.buckets}") && !refused.miscounted)
     } finally base.close()
     // A base without a dictionary, where the snapshot wants one.
     val plain = open(write(Codec.Zstd, before, 256)._1)
@@ -385,10 +402,20 @@ class SnapshotReuseSuite extends AnyFunSuite {
     commit(11)(cs => put(cs, 8L, 88L))
     assert(snapshot() == 12)
     assert(reusedBefore.last > 0)
-    assert(engine.snapshotsFromChangedBuckets == 2)
-    // Twice the keys: another split than the base's, so every key is viewed, and nothing copied.
-    commit(12)(cs => (200000L until 220000L).foreach(k => put(cs, k, k)))
+    assert(engine.snapshotsFromChangedBuckets == 2 && engine.snapshotsRefusedChangedOnly == 0)
+    // A key put into the table behind the engine's back (no commit counted its bucket as touched):
+    // the buckets copied and those viewed hold one record fewer than the state has keys, so the
+    // writer refuses, and a view of every key writes the snapshot, stray key included.
+    commit(12)(cs => put(cs, 9L, 99L))
+    engine.live.loadEntry(Entry(keyOf(300000L), value(3L)))
+    model += 300000L -> 3L
+    models(13) = model
     assert(snapshot() == 13)
+    assert(engine.snapshotsFromChangedBuckets == 2 && engine.snapshotsRefusedChangedOnly == 1)
+    assert(reusedBefore.last > 0, "the snapshot written from every key copied no bucket")
+    // Twice the keys: another split than the base's, so every key is viewed, and nothing copied.
+    commit(13)(cs => (200000L until 220000L).foreach(k => put(cs, k, k)))
+    assert(snapshot() == 14)
     assert(reusedBefore.last == 0 && engine.snapshotsFromChangedBuckets == 2)
     // Each snapshot's lists of entries were made as long as its state's keys at once (a writer
     // with no count to go by grows them five times for 20,000 keys).

@@ -420,7 +420,9 @@ final class StateEngine(
    * the base (see "Putting the changed buckets only" in [[heapstate.io.SnapshotFileWriter]]).
    * The split is judged from the state's records at the snapshot's version; should the writer's
    * own sum of them call for another (a view may emit a key twice), it refuses, and the snapshot
-   * is written again from a view of every key.
+   * is written again from a view of every key. So it does, warning, when the records it copied and
+   * was given are not the state's key count at the snapshot's version: a change to the table that
+   * no commit counted as touching its bucket (a mistake of this class's).
    * Guarded by `reuseLock`, never held while waiting for another lock: commits take it under the
    * monitor, the snapshot thread while it holds `snapshotLock`.
    */
@@ -441,6 +443,9 @@ final class StateEngine(
    * "Viewing the changed buckets only" in the class comment).
    */
   def snapshotsFromChangedBuckets: Long = snapshotsOfChanged
+  @volatile private var changedOnlyRefusals = 0L
+  /** How many snapshots a writer given the changed buckets' keys alone refused, and a view of every key wrote (tests). */
+  private[heapstate] def snapshotsRefusedChangedOnly: Long = changedOnlyRefusals
   @volatile private var snapshotListGrowths = 0L
   /** How many times the snapshots this engine wrote grew their lists of entries (see [[SnapshotFileWriter]]; tests). */
   private[heapstate] def snapshotEntryListGrowths: Long = snapshotListGrowths
@@ -718,12 +723,15 @@ final class StateEngine(
         val bytes = only match {
           case Some(changed) =>
             try {
-              val bytes = write(new BucketReuse(from.get, base.get.touched.untouched, onlyChanged = true), changed)
+              val reuse = new BucketReuse(from.get, base.get.touched.untouched, onlyChanged = true, keyCount = keys)
+              val bytes = write(reuse, changed)
               snapshotsOfChanged += 1
               bytes
             } catch {
               case e: BucketReuse.ChangedOnlyRefused =>
-                log.info(s"Writing the snapshot of version $s of ${files.dir} from every key: ${e.getMessage}")
+                val why = s"Writing the snapshot of version $s of ${files.dir} from every key: ${e.getMessage}"
+                if (e.miscounted) log.warn(why) else log.info(why)
+                changedOnlyRefusals += 1
                 everyKey()
               case e: BucketReuse.CopyFailed => copyFailed(e)
             }

@@ -338,8 +338,11 @@ final class StateFileWriter(raw: OutputStream, header: StateFileFormat.Header) {
  * splits as `reuse.from` does, and must be compressed with its dictionary: when the state's
  * records (those copied and those put) call for another split, or the codec or dictionary
  * differs, [[finish]] throws [[BucketReuse.ChangedOnlyRefused]] before it writes a byte, and the
- * caller puts every entry in a new writer. The file is the one the caller would get with every
- * entry put, when its account of the changes is right. Why: a view of every key reads each key's
+ * caller puts every entry in a new writer. It throws the same, after the buckets, when the
+ * records copied and put are not the state's key count (`reuse.keyCount`): a cheap check against
+ * a caller whose account of the changes missed a key added or removed (it cannot see a value
+ * changed, in place or not). The file is the one the caller would get with every entry put, when
+ * its account of the changes is right. Why: a view of every key reads each key's
  * bytes (the key's hash) in an order the heap does not keep, and the writer sorts them all, for
  * buckets most of which it then copies: at 1M keys of W5's shape the view and the sort were 28%
  * of a snapshot's time (stop 65's profile of `bench/runMain heapstate.bench.SnapshotWrite`), a
@@ -623,7 +626,9 @@ final class SnapshotFileWriter(
   /**
    * Copies each bucket `reuse` says is unchanged from `from`, whose records it holds (none of them
    * was put), and fills and compresses the others (see "Putting the changed buckets only" in the
-   * class comment).
+   * class comment). The records written, copied and put, must be `reuse.keyCount`; otherwise
+   * [[BucketReuse.ChangedOnlyRefused]], after the buckets and before the file's end, and the
+   * caller's atomic file is never published.
    */
   private def writeChangedOnly(
       from: SnapshotBuckets,
@@ -644,6 +649,14 @@ final class SnapshotFileWriter(
           s"since snapshot ${from.version} and copied from it")
       }
       b += 1
+    }
+    if (keys != reuse.keyCount) {
+      throw new BucketReuse.ChangedOnlyRefused(
+        s"the snapshot of version ${header.version} of partition " +
+          s"${header.partition} holds $keys records, copied from snapshot ${from.version} and put, where the state " +
+          s"holds ${reuse.keyCount} keys: a key was added to or removed from a bucket counted unchanged",
+        miscounted = true
+      )
     }
   }
 
@@ -800,11 +813,15 @@ final class SnapshotFileWriter(
  * since it changed a key of bucket `b` of `1 << bits`. The caller closes `from`.
  *
  * With `onlyChanged`, the writer is given the entries of the changed buckets alone (of `from`'s
- * split), and copies every other bucket from `from` without a look at its keys (see "Putting the
- * changed buckets only" in [[SnapshotFileWriter]]).
+ * split), and copies every other bucket from `from` without a look at its keys; `keyCount` is
+ * then the number of keys the snapshot's version holds, which the file's records must add up to
+ * (see "Putting the changed buckets only" in [[SnapshotFileWriter]]).
  */
 final class BucketReuse(val from: SnapshotBuckets, val unchanged: (Int, Int) => Boolean,
-    val onlyChanged: Boolean = false)
+    val onlyChanged: Boolean = false, val keyCount: Long = -1) {
+  require(!onlyChanged || keyCount >= 0,
+    s"a write of the changed buckets alone is given the state's key count, not $keyCount")
+}
 
 object BucketReuse {
   /** Copying from the earlier snapshot failed (its file changed since it was opened); write afresh. */
@@ -812,10 +829,13 @@ object BucketReuse {
 
   /**
    * Given the changed buckets' entries alone, the writer could not copy the others: the state now
-   * calls for another split than the earlier snapshot's, or another dictionary. Nothing was
-   * written that stays; the caller writes the snapshot again with every entry.
+   * calls for another split than the earlier snapshot's, or another dictionary; or, `miscounted`,
+   * the records copied and put are not the state's key count, so the caller's account of the
+   * changes is wrong. Nothing was written that stays; the caller writes the snapshot again with
+   * every entry.
    */
-  final class ChangedOnlyRefused(message: String) extends java.io.IOException(message)
+  final class ChangedOnlyRefused(message: String, val miscounted: Boolean = false)
+      extends java.io.IOException(message)
 }
 
 object SnapshotFileWriter {

@@ -430,6 +430,51 @@ class SnapshotReuseSuite extends AnyFunSuite {
     assert(engine.reuseAccountBytes == 0)
   }
 
+  test("a commit whose puts moved to pages counts every bucket as changed: the next snapshot views every key") {
+    val files = new StateFiles(new Path(StoreFixture.tempDir(), "store"), new Configuration(), 0)
+    val engine = new StateEngine(files, EngineSettings(4, Codec.Zstd, 2, 1000, snapshotBucketBytes = 256), None)
+    // Records of about 170 bytes in buckets of 256: about one key a bucket, so about a third of
+    // the base's buckets are empty, and no commit that empties the state touches them.
+    def value(k: Long) = Array.tabulate[Byte](150)(i => (k * 31 + i).toByte)
+    var model = Map.empty[Long, Seq[Byte]]
+    def commit(v: Long, pagesFrom: Int = ChangeSet.PagesFrom)(changes: ChangeSet => Unit): ChangeSet = {
+      engine.ensureAt(v)
+      val cs = new ChangeSet(engine.live, pagesFrom)
+      changes(cs)
+      engine.commit(v, cs)
+      cs
+    }
+    def put(cs: ChangeSet, k: Long): Unit = {
+      val key = Key(keyOf(k)); cs.put(key, Entry(key.bytes, value(k))); model += k -> value(k).toSeq
+    }
+    engine.ensureAt(0)
+    commit(0)(cs => (0L until 2000L).foreach(put(cs, _)))
+    assert(engine.snapshotIfDue(force = true).contains(1))
+    commit(1) { cs => (0L until 2000L).foreach(k => cs.remove(Key(keyOf(k)))); model = Map.empty }
+    // On the empty state, the puts past the first 64 move to pages, which the commit copies whole.
+    val paged = commit(2, pagesFrom = 64)(cs => (10000L until 12000L).foreach(put(cs, _)))
+    assert(paged.pagedPuts != null && paged.pagedPuts.size > 1900)
+    val base = files.openSnapshot(files.list().find(f => f.kind == StateFileNames.Snapshot && f.version == 1).get).get
+    val bits =
+      try {
+        val empty = (0 until base.buckets).count(base.recordCount(_) == 0)
+        assert(empty > base.buckets / 5, s"$empty of ${base.buckets} buckets of the base are empty")
+        base.bucketBits
+      } finally base.close()
+    assert(StateFileFormat.bucketBitsFor(engine.live.recordBytes, 256) == bits, "the split must be the base's")
+    val reused = engine.snapshotBucketsReused
+    assert(engine.snapshotIfDue(force = true).contains(3))
+    // Every key viewed, no bucket copied, and no view of the changed buckets alone tried (without
+    // every bucket counted, that view misses the keys in the base's empty buckets, and the writer refuses it).
+    assert(engine.snapshotBucketsReused == reused && engine.snapshotsFromChangedBuckets == 0)
+    assert(engine.snapshotsRefusedChangedOnly == 0)
+    val got = mutable.Map.empty[Long, Seq[Byte]]
+    files.read(files.list().find(f => f.kind == StateFileNames.Snapshot && f.version == 3).get)(
+      (k, v) => got(java.nio.ByteBuffer.wrap(k).getLong) = v.toSeq, _ => fail("a delete in a snapshot"))
+    assert(got.toMap == model)
+    engine.close()
+  }
+
   test("a snapshot whose base file is damaged or gone compresses every bucket, and holds its version") {
     def run(spoil: (StateFiles, StateFileNames.StateFile) => Unit): Long = {
       val store = new Store(new Path(StoreFixture.tempDir(), "store"), new Configuration())

@@ -149,20 +149,25 @@ def executor_pids(root: Path) -> dict[int, Path]:
     """The executor JVMs running in a work dir under ``root``: pid -> executor dir.
 
     Matching the working directory (the worker starts each executor in ``<work
-    dir>/<app id>/<executor id>``) keeps the test off executors that are not its own.
+    dir>/<app id>/<executor id>``) keeps the test off executors that are not its own. A
+    process an executor forks (Hadoop runs commands so) carries the executor's command
+    line and directory until it execs; one whose parent is a matched process is that
+    child, not an executor.
     """
-    found: dict[int, Path] = {}
+    found: dict[int, tuple[Path, int]] = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             cmdline = (proc / "cmdline").read_bytes()
             cwd = Path(os.readlink(proc / "cwd"))
-        except OSError:
+            # /proc/<pid>/stat: "pid (comm) state ppid ...", comm in parentheses.
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
             continue
         if b"CoarseGrainedExecutorBackend" in cmdline and cwd.is_relative_to(root):
-            found[int(proc.name)] = cwd
-    return found
+            found[int(proc.name)] = (cwd, ppid)
+    return {pid: cwd for pid, (cwd, ppid) in found.items() if ppid not in found}
 
 
 def stop_cluster(cluster: Cluster) -> None:

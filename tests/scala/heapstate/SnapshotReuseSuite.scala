@@ -153,7 +153,7 @@ class SnapshotReuseSuite extends AnyFunSuite {
       val added =
         intercept[BucketReuse.ChangedOnlyRefused](changedOnly(Codec.Zstd, base, after + (unseen -> payload()), 4096))
       assert(added.miscounted && added.getMessage.contains(s"holds ${after.size} records, copied from snapshot 7 and " +
-        s"put, where the state holds ${after.size + 1} keys: a key was added to or removed from a bucket counted unchanged"))
+        s"put, where the state holds ${after.size + 1} keys: the caller's account of the changes is wrong"))
       // Another codec, or no dictionary where the base has one.
       Seq(Codec.Lz4 -> 0, Codec.Zstd -> 0).foreach { case (codec, bytes) =>
         val other = intercept[BucketReuse.ChangedOnlyRefused](changedOnly(codec, base, after, bytes))
@@ -402,17 +402,26 @@ class SnapshotReuseSuite extends AnyFunSuite {
     commit(11)(cs => put(cs, 8L, 88L))
     assert(snapshot() == 12)
     assert(reusedBefore.last > 0)
-    assert(engine.snapshotsFromChangedBuckets == 2 && engine.snapshotsRefusedChangedOnly == 0)
-    // A key put into the table behind the engine's back (no commit counted its bucket as touched):
-    // the buckets copied and those viewed hold one record fewer than the state has keys, so the
-    // writer refuses, and a view of every key writes the snapshot, stray key included.
+    assert(engine.snapshotsFromChangedBuckets == 2 && engine.snapshotsRefusedChangedOnly == ((0L, 0L)))
+    // A key put into the table behind the engine's back, in a bucket no commit since snapshot 12
+    // touched (the one commit touched key 9's): the buckets copied and those viewed hold one record
+    // fewer than the state has keys, so the writer refuses, and a view of every key writes the
+    // snapshot, stray key included, copying no bucket on the word of the wrong account.
     commit(12)(cs => put(cs, 9L, 99L))
-    engine.live.loadEntry(Entry(keyOf(300000L), value(3L)))
-    model += 300000L -> 3L
+    val twelve =
+      files.openSnapshot(files.list().find(f => f.kind == StateFileNames.Snapshot && f.version == 12).get).get
+    val stray =
+      try Iterator.from(300000).map(_.toLong).find(k => twelve.bucketOf(hashOf(k)) != twelve.bucketOf(hashOf(9L))).get
+      finally twelve.close()
+    engine.live.loadEntry(Entry(keyOf(stray), value(3L)))
+    model += stray -> 3L
     models(13) = model
     assert(snapshot() == 13)
-    assert(engine.snapshotsFromChangedBuckets == 2 && engine.snapshotsRefusedChangedOnly == 1)
-    assert(reusedBefore.last > 0, "the snapshot written from every key copied no bucket")
+    assert(engine.snapshotsFromChangedBuckets == 2 && engine.snapshotsRefusedChangedOnly == ((0L, 1L)))
+    assert(reusedBefore.last == 0, "the snapshot written after a miscount copied buckets")
+    // The refused write left no file behind: no temporary file, and the store's files are its own.
+    val left = new java.io.File(dir.toUri.getPath).list().toSeq
+    assert(left.forall(n => n.endsWith(".hs-snapshot") || n.endsWith(".hs-journal")), left)
     // Twice the keys: another split than the base's, so every key is viewed, and nothing copied.
     commit(13)(cs => (200000L until 220000L).foreach(k => put(cs, k, k)))
     assert(snapshot() == 14)
@@ -457,6 +466,8 @@ class SnapshotReuseSuite extends AnyFunSuite {
     val base = files.openSnapshot(files.list().find(f => f.kind == StateFileNames.Snapshot && f.version == 1).get).get
     val bits =
       try {
+        // With its dictionary, so that the snapshot after it could copy from it.
+        assert(base.dictionary != null, "the base was written without a dictionary")
         val empty = (0 until base.buckets).count(base.recordCount(_) == 0)
         assert(empty > base.buckets / 5, s"$empty of ${base.buckets} buckets of the base are empty")
         base.bucketBits
@@ -467,7 +478,7 @@ class SnapshotReuseSuite extends AnyFunSuite {
     // Every key viewed, no bucket copied, and no view of the changed buckets alone tried (without
     // every bucket counted, that view misses the keys in the base's empty buckets, and the writer refuses it).
     assert(engine.snapshotBucketsReused == reused && engine.snapshotsFromChangedBuckets == 0)
-    assert(engine.snapshotsRefusedChangedOnly == 0)
+    assert(engine.snapshotsRefusedChangedOnly == ((0L, 0L)))
     val got = mutable.Map.empty[Long, Seq[Byte]]
     files.read(files.list().find(f => f.kind == StateFileNames.Snapshot && f.version == 3).get)(
       (k, v) => got(java.nio.ByteBuffer.wrap(k).getLong) = v.toSeq, _ => fail("a delete in a snapshot"))

@@ -123,6 +123,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
   private[heapstate] def snapshotBucketsCopied: Long = engine.snapshotBucketsReused
   /** How many re-run journals the checkpoint manager kept the earlier file of (tests). */
   private[heapstate] def journalsNotReplaced: Long = engine.journalsNotReplaced
+  /** The live state at `version`, loaded if need be (benchmarks that time the table alone). */
+  private[heapstate] def liveAt(version: Long): LiveState = engine.ensureAt(version)
 
   override def close(): Unit = if (engine != null) {
     // A queued cleanup never starts, and a running one ends first. (A commit racing the close, a

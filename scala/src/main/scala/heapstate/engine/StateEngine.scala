@@ -420,9 +420,10 @@ final class StateEngine(
    * the base (see "Putting the changed buckets only" in [[heapstate.io.SnapshotFileWriter]]).
    * The split is judged from the state's records at the snapshot's version; should the writer's
    * own sum of them call for another (a view may emit a key twice), it refuses, and the snapshot
-   * is written again from a view of every key. So it does, warning, when the records it copied and
-   * was given are not the state's key count at the snapshot's version: a change to the table that
-   * no commit counted as touching its bucket (a mistake of this class's).
+   * is written again from a view of every key. So it is, warning, and with no bucket copied, when
+   * the records the writer copied and was given are not the state's key count at the snapshot's
+   * version: the account of the changes is wrong (a mistake of this class's, most likely a
+   * change to the table that no commit counted as touching its bucket).
    * Guarded by `reuseLock`, never held while waiting for another lock: commits take it under the
    * monitor, the snapshot thread while it holds `snapshotLock`.
    */
@@ -443,9 +444,13 @@ final class StateEngine(
    * "Viewing the changed buckets only" in the class comment).
    */
   def snapshotsFromChangedBuckets: Long = snapshotsOfChanged
-  @volatile private var changedOnlyRefusals = 0L
-  /** How many snapshots a writer given the changed buckets' keys alone refused, and a view of every key wrote (tests). */
-  private[heapstate] def snapshotsRefusedChangedOnly: Long = changedOnlyRefusals
+  @volatile private var changedOnlyRefusals, changedOnlyMiscounts = 0L
+  /**
+   * How many snapshots a writer given the changed buckets' keys alone refused, for another split,
+   * codec or dictionary, and a view of every key wrote; and how many it refused because the
+   * records did not add up to the state's keys, which a view of every key wrote copying nothing (tests).
+   */
+  private[heapstate] def snapshotsRefusedChangedOnly: (Long, Long) = (changedOnlyRefusals, changedOnlyMiscounts)
   @volatile private var snapshotListGrowths = 0L
   /** How many times the snapshots this engine wrote grew their lists of entries (see [[SnapshotFileWriter]]; tests). */
   private[heapstate] def snapshotEntryListGrowths: Long = snapshotListGrowths
@@ -728,9 +733,14 @@ final class StateEngine(
               snapshotsOfChanged += 1
               bytes
             } catch {
+              case e: BucketReuse.ChangedOnlyRefused if e.miscounted =>
+                // The account of the changes is wrong: no bucket is copied on its word.
+                log.warn(s"Writing the snapshot of version $s of ${files.dir} from every key, copying no bucket " +
+                  s"of snapshot ${base.get.version}: ${e.getMessage}")
+                changedOnlyMiscounts += 1
+                write(null, null)
               case e: BucketReuse.ChangedOnlyRefused =>
-                val why = s"Writing the snapshot of version $s of ${files.dir} from every key: ${e.getMessage}"
-                if (e.miscounted) log.warn(why) else log.info(why)
+                log.info(s"Writing the snapshot of version $s of ${files.dir} from every key: ${e.getMessage}")
                 changedOnlyRefusals += 1
                 everyKey()
               case e: BucketReuse.CopyFailed => copyFailed(e)

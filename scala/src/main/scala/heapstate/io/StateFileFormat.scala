@@ -340,9 +340,10 @@ final class StateFileWriter(raw: OutputStream, header: StateFileFormat.Header) {
  * differs, [[finish]] throws [[BucketReuse.ChangedOnlyRefused]] before it writes a byte, and the
  * caller puts every entry in a new writer. It throws the same, after the buckets, when the
  * records copied and put are not the state's key count (`reuse.keyCount`): a cheap check against
- * a caller whose account of the changes missed a key added or removed (it cannot see a value
- * changed, in place or not). The file is the one the caller would get with every entry put, when
- * its account of the changes is right. Why: a view of every key reads each key's
+ * a caller whose account of the changes missed a key added or removed. It is weaker than the
+ * per-bucket count of [[writeReusing]]: it cannot see a value changed, in place or not, nor a
+ * missed addition in one bucket and a missed removal in another, which cancel out. The file is
+ * the one the caller would get with every entry put, when its account of the changes is right. Why: a view of every key reads each key's
  * bytes (the key's hash) in an order the heap does not keep, and the writer sorts them all, for
  * buckets most of which it then copies: at 1M keys of W5's shape the view and the sort were 28%
  * of a snapshot's time (stop 65's profile of `bench/runMain heapstate.bench.SnapshotWrite`), a
@@ -654,7 +655,8 @@ final class SnapshotFileWriter(
       throw new BucketReuse.ChangedOnlyRefused(
         s"the snapshot of version ${header.version} of partition " +
           s"${header.partition} holds $keys records, copied from snapshot ${from.version} and put, where the state " +
-          s"holds ${reuse.keyCount} keys: a key was added to or removed from a bucket counted unchanged",
+          s"holds ${reuse.keyCount} keys: the caller's account of the changes is wrong (most likely, a key was " +
+          "added to or removed from a bucket counted unchanged)",
         miscounted = true
       )
     }

@@ -343,11 +343,12 @@ final class StateFileWriter(raw: OutputStream, header: StateFileFormat.Header) {
  * a caller whose account of the changes missed a key added or removed. It is weaker than the
  * per-bucket count of [[writeReusing]]: it cannot see a value changed, in place or not, nor a
  * missed addition in one bucket and a missed removal in another, which cancel out. The file is
- * the one the caller would get with every entry put, when its account of the changes is right. Why: a view of every key reads each key's
- * bytes (the key's hash) in an order the heap does not keep, and the writer sorts them all, for
- * buckets most of which it then copies: at 1M keys of W5's shape the view and the sort were 28%
- * of a snapshot's time (stop 65's profile of `bench/runMain heapstate.bench.SnapshotWrite`), a
- * share that grows with the state, where the changed buckets' keys are as many as the changes.
+ * the one the caller would get with every entry put, when its account of the changes is right.
+ * Why: a view of every key reads each key's bytes (the key's hash) in an order the heap does not
+ * keep, and the writer sorts them all, for buckets most of which it then copies: at 1M keys of
+ * W5's shape the view and the sort were 28% of a snapshot's time (stop 65's profile of
+ * `bench/runMain heapstate.bench.SnapshotWrite`), a share that grows with the state, where the
+ * changed buckets' keys are as many as the changes.
  *
  * `expectedEntries`, when above 0, is about how many entries the caller will put (a state's key
  * count): the writer's lists of entries are made that long at once, and grow by an eighth (at

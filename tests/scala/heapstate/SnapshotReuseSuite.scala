@@ -320,6 +320,10 @@ class SnapshotReuseSuite extends AnyFunSuite {
   }
 
   /** Each key of the snapshot file `f` with its value. */
+  /** The snapshot file of version `v` in `files`. */
+  private def snapshotIn(files: StateFiles, v: Long): StateFileNames.StateFile =
+    files.list().find(f => f.kind == StateFileNames.Snapshot && f.version == v).get
+
   /**
    * The dictionary snapshot `v` of `files` was compressed with, which a fresh write of the same
    * state must use to make the same file (a dictionary trained anew on the state of `v` differs
@@ -327,8 +331,7 @@ class SnapshotReuseSuite extends AnyFunSuite {
    * is big enough to train one on.
    */
   private def dictionaryOf(files: StateFiles, v: Long): Array[Byte] = {
-    val f = files.list().find(f => f.kind == StateFileNames.Snapshot && f.version == v).get
-    val opened = files.openSnapshot(f).get
+    val opened = files.openSnapshot(snapshotIn(files, v)).get
     try {
       assert(opened.dictionary != null, s"snapshot $v has no dictionary")
       opened.dictionary
@@ -409,7 +412,7 @@ class SnapshotReuseSuite extends AnyFunSuite {
     // snapshot, stray key included, copying no bucket on the word of the wrong account.
     commit(12)(cs => put(cs, 9L, 99L))
     val twelve =
-      files.openSnapshot(files.list().find(f => f.kind == StateFileNames.Snapshot && f.version == 12).get).get
+      files.openSnapshot(snapshotIn(files, 12L)).get
     val stray =
       try Iterator.from(300000).map(_.toLong).find(k => twelve.bucketOf(hashOf(k)) != twelve.bucketOf(hashOf(9L))).get
       finally twelve.close()
@@ -463,7 +466,7 @@ class SnapshotReuseSuite extends AnyFunSuite {
     // On the empty state, the puts past the first 64 move to pages, which the commit copies whole.
     val paged = commit(2, pagesFrom = 64)(cs => (10000L until 12000L).foreach(put(cs, _)))
     assert(paged.pagedPuts != null && paged.pagedPuts.size > 1900)
-    val base = files.openSnapshot(files.list().find(f => f.kind == StateFileNames.Snapshot && f.version == 1).get).get
+    val base = files.openSnapshot(snapshotIn(files, 1L)).get
     val bits =
       try {
         // With its dictionary, so that the snapshot after it could copy from it.
@@ -480,7 +483,7 @@ class SnapshotReuseSuite extends AnyFunSuite {
     assert(engine.snapshotBucketsReused == reused && engine.snapshotsFromChangedBuckets == 0)
     assert(engine.snapshotsRefusedChangedOnly == ((0L, 0L)))
     val got = mutable.Map.empty[Long, Seq[Byte]]
-    files.read(files.list().find(f => f.kind == StateFileNames.Snapshot && f.version == 3).get)(
+    files.read(snapshotIn(files, 3L))(
       (k, v) => got(java.nio.ByteBuffer.wrap(k).getLong) = v.toSeq, _ => fail("a delete in a snapshot"))
     assert(got.toMap == model)
     engine.close()
@@ -534,8 +537,7 @@ class SnapshotReuseSuite extends AnyFunSuite {
       }
       engine.commit(v, cs)
     }
-    def snapshotFile(v: Long): StateFileNames.StateFile =
-      files.list().find(f => f.kind == StateFileNames.Snapshot && f.version == v).get
+    def snapshotFile(v: Long): StateFileNames.StateFile = snapshotIn(files, v)
     def bytesOf(f: StateFileNames.StateFile): Seq[Byte] =
       java.nio.file.Files.readAllBytes(new java.io.File(f.path.toUri.getPath).toPath).toSeq
     /** The local copies the store keeps, by name, and their bytes (not the directory's lock file). */
@@ -841,7 +843,7 @@ class SnapshotReuseSuite extends AnyFunSuite {
     assert(engine.snapshotIfDue(force = true).contains(5))
     val reused = engine.snapshotBucketsReused
     assert(reused > 0, "the first snapshot after the restart copied nothing")
-    val snapshot5 = files.list().find(f => f.kind == StateFileNames.Snapshot && f.version == 5).get
+    val snapshot5 = snapshotIn(files, 5L)
     assertHolds(files, snapshot5, model)
     val fresh = new StateFiles(new Path(StoreFixture.tempDir(), "fresh"), new Configuration(), 0)
     fresh.writeSnapshot(5, Codec.Zstd, 256, dictionary = dictionaryOf(files, 5))(w =>

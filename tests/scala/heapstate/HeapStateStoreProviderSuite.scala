@@ -60,6 +60,25 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     assert(files(root) == Seq("1.hs-journal", "2.hs-journal"))
   }
 
+  test("a row get returns keeps its value through the store's next GotRows - 1 gets, live or changed") {
+    val p = provider(tempDir())
+    val s0 = p.getStore(0, None, false, false)
+    val n = HeapStateStoreProvider.GotRows
+    for (k <- 0 until n) put(s0, k, 100L + k)
+    assert(s0.commit() == 1)
+    val s1 = p.getStore(1, None, false, false)
+    put(s1, 0, 7) // the first key is read from the batch's changes, the others from the live state
+    val rows = (0 until n).map(k => s1.get(row(k), StateStore.DEFAULT_COL_FAMILY_NAME))
+    assert(rows.map(_.getLong(0)) == (7L +: (1 until n).map(100L + _)))
+    // Spark's stream-stream join of state format 1: read a value, read the last one into its
+    // place, and return the first.
+    val first = s1.get(row(1), StateStore.DEFAULT_COL_FAMILY_NAME)
+    s1.put(row(1), s1.get(row(n - 1), StateStore.DEFAULT_COL_FAMILY_NAME), StateStore.DEFAULT_COL_FAMILY_NAME)
+    assert(first.getLong(0) == 101L && get(s1, 1).contains(100L + n - 1))
+    s1.abort()
+    p.close()
+  }
+
   test("abort discards the batch, and the version can be written again") {
     val p = provider(tempDir())
     val s0 = p.getStore(0, None, false, false); put(s0, 1, 1); s0.commit()

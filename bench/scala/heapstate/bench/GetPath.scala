@@ -12,7 +12,7 @@ import org.apache.spark.sql.catalyst.expressions.UnsafeRow
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.unsafe.Platform
 
-import heapstate.engine.{Entry, Key, LiveState}
+import heapstate.engine.{ChangeSet, Entry, EntryTable, Key, KeyProbe, LiveState}
 
 /**
  * Where W3's random get (K `long` keys with `long` values, loaded as version 1) spends its time,
@@ -23,17 +23,24 @@ import heapstate.engine.{Entry, Key, LiveState}
  *   - for heapstate, through its live state alone: the table's look-up, then the value read from
  *     its page, written in the timed loop (`live.get`) and as a method of its own that the JIT
  *     is told not to inline (`live.get, called`, only when the JVM runs with
- *     `-XX:CompileCommand=dontinline,heapstate.bench.GetPath$::liveGet`, as below).
+ *     `-XX:CompileCommand=dontinline,heapstate.bench.GetPath$::liveGet`, as below);
+ *   - `a new row, called`: the store's get as it was before stop 68, allocating a row for each
+ *     value, as a method the JIT does not inline (with `dontinline` of `GetPath$::newRowGet`).
  *
  * Stop 67 (K = 1M, the AMD EPYC machine): `store.get` 2,900 a ms, `live.get` 5,300 and
- * `live.get, called` 4,800; at K = 10,000, 14,000 against 22,000. The look-up's two cache misses
- * are the same in each, and the time the store path adds grows with the misses: consistent with
- * the misses of successive gets overlapping less, not shown. See README, "Where heapstate loses
- * today".
+ * `live.get, called` 4,800; the cause was not found then. Stop 68 found two:
+ *   - the JIT inlined neither the table's key comparison nor the `pending` check into the get, so
+ *     each look-up made two calls (`live.get` 4,900 to 5,500 without them);
+ *   - the get is compiled on its own, not into its caller's loop, so the row it returned escaped
+ *     and was allocated for every get: `a new row, called` 3,000 a ms against `live.get, called`
+ *     5,350 in the same JVM. The store now points one reused row at each value, as RocksDB's
+ *     provider does: `store.get` 4,800.
+ * See docs/PERFORMANCE_HISTORY.md, stop 68.
  *
  * {{{
  *   bin/sbt "set bench / fork := true" \
- *     "set bench / run / javaOptions += \"-XX:CompileCommand=dontinline,heapstate.bench.GetPath\$::liveGet\"" \
+ *     "set bench / run / javaOptions ++= Seq(\"-XX:CompileCommand=dontinline,heapstate.bench.GetPath\$::liveGet\",
+ *       \"-XX:CompileCommand=dontinline,heapstate.bench.GetPath\$::newRowGet\")" \
  *     "bench/runMain heapstate.bench.GetPath --providers heapstate --keys 1000000"
  *   bin/sbt "bench/runMain heapstate.bench.GetPath --providers hdfs --keys 10000 --runs 30"
  * }}}
@@ -51,6 +58,31 @@ object GetPath {
     Platform.getLong(page, Platform.BYTE_ARRAY_OFFSET + Entry.valueStart(page, st.offsetOf(address)) + 8)
   }
 
+  @volatile private var changeSet: ChangeSet = _
+
+  /**
+   * The store's get as it was before stop 68, a new row for each value, on [[live]] with an empty
+   * [[changeSet]]: the path of `a new row, called`.
+   */
+  def newRowGet(key: UnsafeRow): UnsafeRow = {
+    val st = live
+    val changes = changeSet
+    val probe = new KeyProbe(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes)
+    val changed = if (changes.isEmpty) null else changes.lookup(probe)
+    if (changed != null) null
+    else {
+      val address = st.get(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes, probe.hashCode)
+      if (address == EntryTable.NoEntry) null
+      else {
+        val page = st.pageOf(address)
+        val at = st.offsetOf(address)
+        val r = new UnsafeRow(1)
+        r.pointTo(page, Platform.BYTE_ARRAY_OFFSET + Entry.valueStart(page, at), Entry.valueLength(page, at))
+        r
+      }
+    }
+  }
+
   def main(args: Array[String]): Unit = {
     val opts = options(args)
     val p = chosen(opts).head
@@ -59,8 +91,10 @@ object GetPath {
     val warmups = opts.getOrElse("warmups", "8").toInt
     require(warmups >= 0 && runs > warmups, s"--runs ($runs) must be above --warmups ($warmups)")
     val ops = 200000
-    val noInline = java.lang.management.ManagementFactory.getRuntimeMXBean.getInputArguments
-      .stream().anyMatch(a => a.startsWith("-XX:CompileCommand=dontinline") && a.endsWith("GetPath$::liveGet"))
+    def notInlined(method: String) = java.lang.management.ManagementFactory.getRuntimeMXBean.getInputArguments
+      .stream().anyMatch(a => a.startsWith("-XX:CompileCommand=dontinline") && a.endsWith(s"GetPath$$::$method"))
+    val noInline = notInlined("liveGet")
+    val newRowNoInline = notInlined("newRowGet")
     val spark = SparkSession.builder().master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     spark.streams // the coordinator HDFS reports to, as in W3
@@ -110,10 +144,19 @@ object GetPath {
       var j = 0
       while (j < ops) { key.setLong(0, existing(j)); sink += liveGet(key); j += 1 }
     }
+    // Experimental: the store's get rebuilt piece by piece on the live state.
+    if (live != null) changeSet = new ChangeSet(live)
+    def viaNewRowCalled(): Double = rate {
+      var j = 0
+      while (j < ops) {
+        key.setLong(0, existing(j)); val v = newRowGet(key); if (v != null) sink += v.getLong(0); j += 1
+      }
+    }
     val ways: Seq[(String, () => Double)] =
       Seq("store.get" -> viaStore(readValue = true) _, "store.get, value not read" -> viaStore(readValue = false) _) ++
         (if (live == null) Nil else Seq("live.get" -> (() => viaLive()))) ++
-        (if (live == null || !noInline) Nil else Seq("live.get, called" -> (() => viaLiveCalled())))
+        (if (live == null || !noInline) Nil else Seq("live.get, called" -> (() => viaLiveCalled()))) ++
+        (if (live == null || !newRowNoInline) Nil else Seq("a new row, called" -> (() => viaNewRowCalled())))
     val rates = ways.map(_._1 -> mutable.ArrayBuffer.empty[Double]).toMap
     for (_ <- 0 until runs; (name, way) <- ways) rates(name) += way()
     for ((name, _) <- ways) {

@@ -401,17 +401,40 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       pair
     }
 
+    /**
+     * The rows [[get]] returns, pointed at each found value in turn: a row keeps its value through
+     * the store's next [[HeapStateStoreProvider.GotRows]] - 1 gets, then points to another one.
+     *  - RocksDB's provider reuses one row for every get (Spark's `SingleValueStateEncoder`: "the
+     *    UnsafeRow returned is reused across calls"), so a caller correct there is correct here.
+     *  - HDFS's rows never change, and Spark's stream-stream join of state format 1 relies on that
+     *    across two gets: it reads a value, reads the last one into its place, then returns the
+     *    first. These rows serve that too.
+     *  - A new row for each get cost W3's random gets of 1M keys 40% of their rate (stop 68,
+     *    `GetPath`): the get is compiled on its own, so its row escaped and was allocated, each in
+     *    fresh memory.
+     * `keyLength` is the found entry's (the caller's key's, which matched it byte for byte), so
+     * the value's place does not wait for the entry's header to be read.
+     */
+    private val gotRows = Array.fill(HeapStateStoreProvider.GotRows)(new UnsafeRow(valueFields))
+    private var gotNext = 0
+    private def pointGot(b: Array[Byte], at: Int, keyLength: Int): UnsafeRow = {
+      val row = gotRows(gotNext)
+      gotNext = (gotNext + 1) & (gotRows.length - 1)
+      row.pointTo(b, Platform.BYTE_ARRAY_OFFSET + at + Entry.HeaderBytes + keyLength, Entry.valueLength(b, at))
+      row
+    }
+
     override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
       requireDefaultFamily(colFamilyName)
       val probe = new KeyProbe(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes)
       val changed = if (changes.isEmpty) null else changes.lookup(probe)
       if (changed != null) {
-        if (Tombstone.is(changed)) null else valueRowOf(changed, 0)
+        if (Tombstone.is(changed)) null else pointGot(changed, 0, Entry.keyLength(changed))
       } else {
         val address = live.get(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes, probe.hashCode)
         if (address == EntryTable.NoEntry) null
         else {
-          val value = valueRowOf(live.pageOf(address), live.offsetOf(address))
+          val value = pointGot(live.pageOf(address), live.offsetOf(address), key.getSizeInBytes)
           if (!rowFormatChecked) checkRowFormat(key, value) // the key matched the stored one byte for byte
           value
         }
@@ -570,6 +593,9 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
 
 object HeapStateStoreProvider {
   private val log = LoggerFactory.getLogger(classOf[HeapStateStoreProvider])
+
+  /** How many rows a store's gets take turns to return (a power of two; see `HeapStore.gotRows`). */
+  private[heapstate] val GotRows = 16
 
   /** Set once a store of this JVM logged [[TaskActivityPlugin.missingWarning]] (tests reset it). */
   private[heapstate] val NoTaskPluginWarned = new java.util.concurrent.atomic.AtomicBoolean()

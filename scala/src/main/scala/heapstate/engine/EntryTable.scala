@@ -227,7 +227,15 @@ final class EntryTable(expectedKeys: Int = 16) {
     readAheadSum += sum
   }
 
-  /** The slot of `ss` holding the key `length` bytes at `base`/`offset`, or -1. */
+  /**
+   * The slot of `ss` holding the key `length` bytes at `base`/`offset`, or -1. The comparison of a
+   * candidate's key is [[holdsKey]] written out, and its bytes are compared in the loop here rather
+   * than by a call: every get's look-up runs this, and the JIT inlined neither `holdsKey` nor a
+   * method comparing the bytes into it, since the probes of puts of new keys (a state's load) leave
+   * a profile in which the comparison is rarely reached. Stop 68, `bench/.../GetPath.scala`, random
+   * gets of 1M keys through the live state: 4,900 a ms with calls, 5,500 to 6,500 without (see
+   * docs/PERFORMANCE_HISTORY.md).
+   */
   private def findSlot(ss: Array[Long], base: AnyRef, offset: Long, length: Int, hash: Int): Int = {
     val mask = ss.length - 1
     val tag = tagOf(hash)
@@ -235,7 +243,19 @@ final class EntryTable(expectedKeys: Int = 16) {
     var i = hash & mask
     var s = ss(i)
     while (s != Empty) {
-      if ((s >>> AddressBits) == tag && s != Deleted && holdsKey(ps, s, base, offset, length)) return i
+      if ((s >>> AddressBits) == tag && s != Deleted) {
+        val page = ps(pageIndex(s))
+        if (page == null) throw changedUnderReader
+        val at = offsetOf(s)
+        if (Platform.getInt(page, Platform.BYTE_ARRAY_OFFSET + at) == length &&
+          at + Entry.HeaderBytes + length <= page.length) {
+          val keyAt = Platform.BYTE_ARRAY_OFFSET + at + Entry.HeaderBytes
+          var j = 0
+          while (j + 8 <= length && Platform.getLong(page, keyAt + j) == Platform.getLong(base, offset + j)) j += 8
+          while (j < length && Platform.getByte(page, keyAt + j) == Platform.getByte(base, offset + j)) j += 1
+          if (j == length) return i
+        }
+      }
       i = (i + 1) & mask
       s = ss(i)
     }
@@ -244,9 +264,8 @@ final class EntryTable(expectedKeys: Int = 16) {
 
   /**
    * Whether the entry slot `s` points to (in directory `ps`) has the key `length` bytes at
-   * `base`/`offset`. It is `Entry.keyEquals` written out, with the check of [[pageOf]]: the
-   * innermost step of every look-up, where the JIT did not always inline `Entry.keyEquals` (random
-   * gets of 1M keys on the table alone: 5,100 to 6,100 a ms through it, 6,000 to 7,500 this way).
+   * `base`/`offset`: `Entry.keyEquals` with the check of [[pageOf]], for the probes of puts
+   * (a look-up's, in [[findSlot]], is written out there).
    */
   private def holdsKey(ps: Array[Array[Byte]], s: Long, base: AnyRef, offset: Long, length: Int): Boolean = {
     val page = ps(pageIndex(s))
@@ -254,7 +273,7 @@ final class EntryTable(expectedKeys: Int = 16) {
     val at = offsetOf(s)
     val lengthMatches = Platform.getInt(page, Platform.BYTE_ARRAY_OFFSET + at) == length
     lengthMatches && at + Entry.HeaderBytes + length <= page.length &&
-    ByteArrayMethods.arrayEquals(page, Platform.BYTE_ARRAY_OFFSET + at + Entry.HeaderBytes, base, offset, length)
+    Key.sameBytes(page, Platform.BYTE_ARRAY_OFFSET + at + Entry.HeaderBytes, base, offset, length)
   }
 
   // ---- changes (the writer's thread) ----

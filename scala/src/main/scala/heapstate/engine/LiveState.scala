@@ -98,7 +98,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   @volatile private var undoPublished = 0L
 
   /** The snapshot whose buckets are not all in `table` yet (see "Loading lazily"), or null. */
-  @volatile private var pending: LiveState.PendingSnapshot = null
+  @volatile private[this] var pending: LiveState.PendingSnapshot = null
   /** The number of keys while `pending` is set (the table does not know the unloaded buckets'). */
   private var pendingKeys = 0L
 

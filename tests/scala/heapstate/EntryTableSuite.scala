@@ -4,6 +4,7 @@ import java.util.concurrent.atomic.AtomicBoolean
 
 import scala.collection.mutable
 
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow
 import org.apache.spark.unsafe.Platform
 import org.scalatest.funsuite.AnyFunSuite
 
@@ -80,10 +81,16 @@ class EntryTableSuite extends AnyFunSuite {
     assert(contents(t) == model)
     t.checkAccounts()
     assert(t.entryBytes == model.map { case (k, v) => entry(k, v).length.toLong }.sum)
+    val row = new UnsafeRow(1)
     for (k <- 0 until 50000) {
       val kb = keyBytes(k)
       val a = t.find(Key(kb))
       assert((if (a == EntryTable.NoEntry) None else Some(valueAt(t, a))) == model.get(k), s"key $k")
+      // A get's one step: the row points at the value, of the entry's value length.
+      val found = t.pointToValue(kb, Platform.BYTE_ARRAY_OFFSET, kb.length, Key(kb).hashCode, row)
+      val pointed =
+        if (found) Some((Platform.getLong(row.getBaseObject, row.getBaseOffset), row.getSizeInBytes)) else None
+      assert(pointed == model.get(k).map(v => (v, 8 + (v % 3).toInt.abs)), s"key $k, pointToValue")
     }
     assert(t.iterator.map(valueAt(t, _)).toSeq.sorted == model.values.toSeq.sorted)
     // Churn on a small key set must not grow the table: removals' slots are reclaimed.

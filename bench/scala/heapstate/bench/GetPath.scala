@@ -28,13 +28,18 @@ import heapstate.engine.{ChangeSet, Entry, EntryTable, Key, KeyProbe, LiveState}
  *     value, as a method the JIT does not inline (with `dontinline` of `GetPath$::newRowGet`).
  *
  * Stop 67 (K = 1M, the AMD EPYC machine): `store.get` 2,900 a ms, `live.get` 5,300 and
- * `live.get, called` 4,800; the cause was not found then. Stop 68 found two:
- *   - the JIT inlined neither the table's key comparison nor the `pending` check into the get, so
- *     each look-up made two calls (`live.get` 4,900 to 5,500 without them);
- *   - the get is compiled on its own, not into its caller's loop, so the row it returned escaped
- *     and was allocated for every get: `a new row, called` 3,000 a ms against `live.get, called`
- *     5,350 in the same JVM. The store now points one reused row at each value, as RocksDB's
- *     provider does: `store.get` 4,800.
+ * `live.get, called` 4,800; the cause was not found then. Stop 68 found three, and the store's get
+ * now runs at 4,900 to 5,000 with the value read:
+ *   - the JIT inlined neither the table's key comparison nor the `pending` check into the
+ *     look-up, so each made two calls (`live.get` 4,900, 5,400 without them);
+ *   - the get is compiled on its own, so the row it returned escaped and was allocated for every
+ *     get: `a new row, called` 3,000 a ms against `live.get, called` 5,350 in one JVM;
+ *   - with one reused row, the store's path still ran at 2,900 with the value read (4,100 without):
+ *     it looked the entry up, then found its page again and read its header to point the row,
+ *     and read the change set's size through three objects. One step that points the row where
+ *     the look-up ends (`LiveState.pointToValue`) and a flag for "no changes yet" brought it to
+ *     4,900 to 5,000. Each load counts: successive gets overlap their cache misses only while
+ *     their loads fit the processor's queues (an inference; this VM has no hardware counters).
  * See docs/PERFORMANCE_HISTORY.md, stop 68.
  *
  * {{{

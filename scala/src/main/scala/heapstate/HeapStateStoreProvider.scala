@@ -409,47 +409,57 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
      *  - HDFS's rows never change, and Spark's stream-stream join of state format 1 relies on that
      *    across two gets: it reads a value, reads the last one into its place, then returns the
      *    first. These rows serve that too.
-     *  - A new row for each get cost W3's random gets of 1M keys 40% of their rate (stop 68,
-     *    `GetPath`): the get is compiled on its own, so its row escaped and was allocated, each in
-     *    fresh memory.
-     * `keyLength` is the found entry's (the caller's key's, which matched it byte for byte), so
-     * the value's place does not wait for the entry's header to be read.
      */
     private val gotRows = Array.fill(HeapStateStoreProvider.GotRows)(new UnsafeRow(valueFields))
     private var gotNext = 0
-    private def pointGot(b: Array[Byte], at: Int, keyLength: Int): UnsafeRow = {
-      val row = gotRows(gotNext)
-      gotNext = (gotNext + 1) & (gotRows.length - 1)
-      row.pointTo(b, Platform.BYTE_ARRAY_OFFSET + at + Entry.HeaderBytes + keyLength, Entry.valueLength(b, at))
-      row
-    }
+    /** Whether this store may have changes to look in (set by every put and remove; see [[get]]). */
+    private var mayHaveChanges = false
 
+    /**
+     * A key's value: from the batch's changes, else from the live state. Random gets of 1M keys
+     * (stop 68, `bench/.../GetPath.scala`) wait on two cache misses each, the slot's and the
+     * entry's, and run as fast as successive gets' misses overlap; so the path a get takes counts
+     * its loads and allocates nothing:
+     *  - a new row for each get (2,900 a ms with the value read, against 4,800 with a reused one
+     *    in the same JVM): the get is compiled on its own, so its row escaped and was allocated,
+     *    each in fresh memory;
+     *  - looking up the entry, then its page again to point the row at it, and the change set's
+     *    size through three objects: about 2,900 with the value read, where one step
+     *    ([[LiveState.pointToValue]]) and one flag run at 4,900 to 5,000 (see
+     *    docs/PERFORMANCE_HISTORY.md, stop 68).
+     */
     override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
       requireDefaultFamily(colFamilyName)
-      val probe = new KeyProbe(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes)
-      val changed = if (changes.isEmpty) null else changes.lookup(probe)
+      val hash = Key.hash(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes)
+      val row = gotRows(gotNext)
+      gotNext = (gotNext + 1) & (gotRows.length - 1)
+      val changed =
+        if (!mayHaveChanges || changes.isEmpty) null
+        else changes.lookup(new KeyProbe(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes, hash))
       if (changed != null) {
-        if (Tombstone.is(changed)) null else pointGot(changed, 0, Entry.keyLength(changed))
-      } else {
-        val address = live.get(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes, probe.hashCode)
-        if (address == EntryTable.NoEntry) null
+        if (Tombstone.is(changed)) null
         else {
-          val value = pointGot(live.pageOf(address), live.offsetOf(address), key.getSizeInBytes)
-          if (!rowFormatChecked) checkRowFormat(key, value) // the key matched the stored one byte for byte
-          value
+          row.pointTo(changed, Platform.BYTE_ARRAY_OFFSET + Entry.valueStart(changed, 0), Entry.valueLength(changed))
+          row
         }
+      } else if (!live.pointToValue(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes, hash, row)) null
+      else {
+        if (!rowFormatChecked) checkRowFormat(key, row) // the key matched the stored one byte for byte
+        row
       }
     }
 
     override def put(key: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit = {
       requireWritable("put"); requireDefaultFamily(colFamilyName)
       if (key == null || value == null) throw new IllegalArgumentException("heapstate: null key or value in put")
+      mayHaveChanges = true
       val k = Key.copyOf(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes)
       changes.put(k, Entry.copyOf(k.bytes, value.getBaseObject, value.getBaseOffset, value.getSizeInBytes))
     }
 
     override def remove(key: UnsafeRow, colFamilyName: String): Unit = {
       requireWritable("remove"); requireDefaultFamily(colFamilyName)
+      mayHaveChanges = true
       changes.remove(Key.copyOf(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes))
     }
 

@@ -2,6 +2,7 @@ package heapstate.engine
 
 import java.lang.invoke.VarHandle
 
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow
 import org.apache.spark.unsafe.Platform
 import org.apache.spark.unsafe.array.ByteArrayMethods
 
@@ -148,6 +149,26 @@ final class EntryTable(expectedKeys: Int = 16) {
   }
 
   def find(key: Key): Long = find(key.bytes, Platform.BYTE_ARRAY_OFFSET, key.bytes.length, key.hashCode)
+
+  /**
+   * [[find]], then points `row` at the found entry's value, with the bounds check of [[pageOf]];
+   * false, leaving `row` as it was, when no entry has the key. It is a store's get in one step:
+   * each load a get makes counts, since the loads of successive gets that wait on their cache
+   * misses together fill the processor's queues (see `HeapStore.get`).
+   */
+  def pointToValue(base: AnyRef, offset: Long, length: Int, hash: Int, row: UnsafeRow): Boolean = {
+    val ss = slots
+    val i = findSlot(ss, base, offset, length, hash)
+    i >= 0 && {
+      val s = ss(i)
+      val page = pages(pageIndex(s))
+      val valueAt = offsetOf(s) + Entry.HeaderBytes + length // findSlot matched the key's length
+      val valueLength = Platform.getInt(page, Platform.BYTE_ARRAY_OFFSET + offsetOf(s) + 4)
+      if (valueLength < 0 || valueAt.toLong + valueLength > page.length) throw changedUnderReader
+      row.pointTo(page, Platform.BYTE_ARRAY_OFFSET + valueAt, valueLength)
+      true
+    }
+  }
 
   /** The address of the entry of the key that the entry array `entry` holds (hashing to `hash`), or [[NoEntry]]. */
   def findKeyOf(entry: Array[Byte], hash: Int): Long =

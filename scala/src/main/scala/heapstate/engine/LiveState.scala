@@ -3,6 +3,8 @@ package heapstate.engine
 import java.util.{HashMap => JHashMap, HashSet => JHashSet}
 import java.util.concurrent.ConcurrentSkipListMap
 
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow
+
 import heapstate.io.{SnapshotBuckets, StateFileException}
 
 /**
@@ -137,6 +139,13 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   def get(base: AnyRef, offset: Long, length: Int, hash: Int): Long = {
     val p = pending
     if (p == null) table.find(base, offset, length, hash) else getPending(p, base, offset, length, hash)
+  }
+  /** [[get]], pointing `row` at the value found (see [[EntryTable.pointToValue]]); false when the key has none. */
+  def pointToValue(base: AnyRef, offset: Long, length: Int, hash: Int, row: UnsafeRow): Boolean = {
+    val p = pending
+    if (p == null) table.pointToValue(base, offset, length, hash, row)
+    else if (getPending(p, base, offset, length, hash) == EntryTable.NoEntry) false
+    else table.pointToValue(base, offset, length, hash, row) // getPending put the key's entry in the table
   }
   def get(key: Key): Long =
     get(key.bytes, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET, key.bytes.length, key.hashCode)

@@ -98,6 +98,59 @@ class EntryTableSuite extends AnyFunSuite {
     assert(t.heapBytes == t.heapBytesRecounted)
   }
 
+  test("look-ups match keys of 9 to 24 bytes, and tell apart two that share a slot's tag and home") {
+    val t = new EntryTable()
+    def valueBytes(i: Int) = { val v = new Array[Byte](8); Platform.putLong(v, Platform.BYTE_ARRAY_OFFSET, i); v }
+    val row = new UnsafeRow(1)
+    def assertFound(k: Array[Byte], i: Int): Unit = {
+      val hash = Key(k).hashCode
+      val a = t.find(k, Platform.BYTE_ARRAY_OFFSET, k.length, hash)
+      assert(a != EntryTable.NoEntry && valueAt(t, a) == i, s"key $i")
+      assert(t.pointToValue(k, Platform.BYTE_ARRAY_OFFSET, k.length, hash, row), s"key $i")
+      assert(Platform.getLong(row.getBaseObject, row.getBaseOffset) == i && row.getSizeInBytes == 8, s"key $i")
+    }
+    // Two 19-byte keys whose first 16 bytes are equal, with the same slot tag (the hash's top 21
+    // bits) and the same home slot: the look-up of the one put second compares its bytes with the
+    // first's, which differ only past their first two words.
+    val mask = t.capacity - 1
+    def key(n: Int): Array[Byte] = {
+      val b = Array.fill[Byte](19)(7)
+      b(16) = (n >>> 16).toByte; b(17) = (n >>> 8).toByte; b(18) = n.toByte
+      b
+    }
+    val seen = mutable.Map.empty[(Int, Int), Int]
+    var pair: (Int, Int) = null
+    var n = 0
+    while (pair == null) {
+      val h = Key(key(n)).hashCode
+      val place = (h >>> (32 - 21), h & mask)
+      seen.get(place) match { case Some(m) => pair = (m, n); case None => seen(place) = n }
+      n += 1
+    }
+    val (first, second) = pair
+    for ((k, i) <- Seq(key(first) -> 0, key(second) -> 1)) assert(t.put(Entry(k, valueBytes(i)), Key(k).hashCode) == -1)
+    assert(t.capacity - 1 == mask, "no resize moved the keys apart")
+    assertFound(key(first), 0)
+    assertFound(key(second), 1)
+    // Keys of every length from 9 to 24 bytes.
+    val keys = (9 to 24).map(len => Array.tabulate[Byte](len)(j => (j * 31 + len).toByte))
+    for ((k, i) <- keys.zipWithIndex) assert(t.put(Entry(k, valueBytes(i + 2)), Key(k).hashCode) == -1)
+    for ((k, i) <- keys.zipWithIndex) assertFound(k, i + 2)
+    val absent = key(n) // never put
+    assert(t.find(absent, Platform.BYTE_ARRAY_OFFSET, absent.length, Key(absent).hashCode) == EntryTable.NoEntry)
+    assert(!t.pointToValue(absent, Platform.BYTE_ARRAY_OFFSET, absent.length, Key(absent).hashCode, row))
+    // Key.sameBytes on its own, every length to 24 and every place of a difference.
+    for (len <- 0 to 24) {
+      val a = Array.tabulate[Byte](len)(_.toByte)
+      assert(Key.sameBytes(a, Platform.BYTE_ARRAY_OFFSET, a.clone(), Platform.BYTE_ARRAY_OFFSET, len), s"length $len")
+      for (at <- 0 until len) {
+        val b = a.clone(); b(at) = (b(at) + 1).toByte
+        assert(!Key.sameBytes(a, Platform.BYTE_ARRAY_OFFSET, b, Platform.BYTE_ARRAY_OFFSET, len),
+          s"length $len, byte $at")
+      }
+    }
+  }
+
   test("updates leave garbage in the pages, and compaction keeps it near its bound") {
     val rnd = new scala.util.Random(7)
     val t = new EntryTable()

@@ -44,8 +44,7 @@ import heapstate.engine.{ChangeSet, Entry, EntryTable, Key, KeyProbe, LiveState}
  *
  * {{{
  *   bin/sbt "set bench / fork := true" \
- *     "set bench / run / javaOptions ++= Seq(\"-XX:CompileCommand=dontinline,heapstate.bench.GetPath\$::liveGet\",
- *       \"-XX:CompileCommand=dontinline,heapstate.bench.GetPath\$::newRowGet\")" \
+ *     "set bench / run / javaOptions ++= Seq(\"-XX:CompileCommand=dontinline,heapstate.bench.GetPath\$::liveGet\", \"-XX:CompileCommand=dontinline,heapstate.bench.GetPath\$::newRowGet\")" \
  *     "bench/runMain heapstate.bench.GetPath --providers heapstate --keys 1000000"
  *   bin/sbt "bench/runMain heapstate.bench.GetPath --providers hdfs --keys 10000 --runs 30"
  * }}}

@@ -606,6 +606,7 @@ object HeapStateStoreProvider {
 
   /** How many rows a store's gets take turns to return (a power of two; see `HeapStore.gotRows`). */
   private[heapstate] val GotRows = 16
+  require(Integer.bitCount(GotRows) == 1, s"GotRows must be a power of two, not $GotRows")
 
   /** Set once a store of this JVM logged [[TaskActivityPlugin.missingWarning]] (tests reset it). */
   private[heapstate] val NoTaskPluginWarned = new java.util.concurrent.atomic.AtomicBoolean()

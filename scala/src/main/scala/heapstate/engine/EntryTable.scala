@@ -151,7 +151,7 @@ final class EntryTable(expectedKeys: Int = 16) {
   def find(key: Key): Long = find(key.bytes, Platform.BYTE_ARRAY_OFFSET, key.bytes.length, key.hashCode)
 
   /**
-   * [[find]], then points `row` at the found entry's value, with the bounds check of [[pageOf]];
+   * [[find]], then points `row` at the found entry's value, with the checks of [[pageOf]];
    * false, leaving `row` as it was, when no entry has the key. It is a store's get in one step:
    * each load a get makes counts, since the loads of successive gets that wait on their cache
    * misses together fill the processor's queues (see `HeapStore.get`).
@@ -162,8 +162,10 @@ final class EntryTable(expectedKeys: Int = 16) {
     i >= 0 && {
       val s = ss(i)
       val page = pages(pageIndex(s))
-      val valueAt = offsetOf(s) + Entry.HeaderBytes + length // findSlot matched the key's length
-      val valueLength = Platform.getInt(page, Platform.BYTE_ARRAY_OFFSET + offsetOf(s) + 4)
+      val at = offsetOf(s)
+      if (page == null || at.toLong + Entry.HeaderBytes + length > page.length) throw changedUnderReader
+      val valueAt = at + Entry.HeaderBytes + length // findSlot matched the key's length
+      val valueLength = Platform.getInt(page, Platform.BYTE_ARRAY_OFFSET + at + 4)
       if (valueLength < 0 || valueAt.toLong + valueLength > page.length) throw changedUnderReader
       row.pointTo(page, Platform.BYTE_ARRAY_OFFSET + valueAt, valueLength)
       true

@@ -16,6 +16,11 @@ final class Key(val bytes: Array[Byte], override val hashCode: Int) {
 }
 
 object Key {
+  // [[sameBytes]] and the live table's look-up read keys eight bytes at a time wherever they start.
+  require(
+    Platform.unaligned(),
+    "heapstate needs a platform that allows unaligned memory reads (x86-64, aarch64, ppc64le, s390x)")
+
   /** The hash the live table and snapshot buckets share (a file-format fact: see `StateFileFormat`). */
   def hash(base: AnyRef, offset: Long, length: Int): Int = heapstate.io.StateFileFormat.keyHash(base, offset, length)
 
@@ -27,7 +32,8 @@ object Key {
 
   /**
    * Whether the `length` bytes at `a`/`aOffset` equal those at `b`/`bOffset`: eight bytes a step,
-   * then one. It is what `ByteArrayMethods.arrayEquals` does where unaligned reads are allowed,
+   * then one. It is what `ByteArrayMethods.arrayEquals` does where unaligned reads are allowed
+   * (this object requires them),
    * written small enough that the JIT inlines it into a look-up's probe (Spark's, once compiled
    * on its own, is too large to be, and the probe then calls it for each key it compares).
    */

@@ -256,7 +256,7 @@ final class EntryTable(expectedKeys: Int = 16) {
    * than by a call: every get's look-up runs this, and the JIT inlined neither `holdsKey` nor a
    * method comparing the bytes into it, since the probes of puts of new keys (a state's load) leave
    * a profile in which the comparison is rarely reached. Stop 68, `bench/.../GetPath.scala`, random
-   * gets of 1M keys through the live state: 4,900 a ms with calls, 5,500 to 6,500 without (see
+   * gets of 1M keys through the live state: 4,900 a ms with the calls, 5,500 without (see
    * docs/PERFORMANCE_HISTORY.md).
    */
   private def findSlot(ss: Array[Long], base: AnyRef, offset: Long, length: Int, hash: Int): Int = {

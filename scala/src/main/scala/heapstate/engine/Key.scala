@@ -33,9 +33,9 @@ object Key {
   /**
    * Whether the `length` bytes at `a`/`aOffset` equal those at `b`/`bOffset`: eight bytes a step,
    * then one. It is what `ByteArrayMethods.arrayEquals` does where unaligned reads are allowed
-   * (this object requires them),
-   * written small enough that the JIT inlines it into a look-up's probe (Spark's, once compiled
-   * on its own, is too large to be, and the probe then calls it for each key it compares).
+   * (this object requires them), written small enough for the JIT to inline into a put's probe
+   * (Spark's, once compiled on its own, is too large to be, and the probe then calls it for each
+   * key it compares).
    */
   def sameBytes(a: AnyRef, aOffset: Long, b: AnyRef, bOffset: Long, length: Int): Boolean = {
     var i = 0

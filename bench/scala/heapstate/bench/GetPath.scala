@@ -148,7 +148,7 @@ object GetPath {
       var j = 0
       while (j < ops) { key.setLong(0, existing(j)); sink += liveGet(key); j += 1 }
     }
-    // Experimental: the store's get rebuilt piece by piece on the live state.
+    // The empty change set that `newRowGet` checks, as the store's get did.
     if (live != null) changeSet = new ChangeSet(live)
     def viaNewRowCalled(): Double = rate {
       var j = 0

@@ -297,9 +297,10 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
    * Rows that point into an [[Entry]] at `b`/`at`: a change's array, or a live table page (entries
    * are never changed once written, so nothing is copied).
    */
-  private def valueRowOf(b: Array[Byte], at: Int): UnsafeRow = {
-    val r = new UnsafeRow(valueFields)
-    r.pointTo(b, Platform.BYTE_ARRAY_OFFSET + Entry.valueStart(b, at), Entry.valueLength(b, at)); r
+  private def valueRowOf(b: Array[Byte], at: Int): UnsafeRow = pointToValue(new UnsafeRow(valueFields), b, at)
+  /** `row`, pointed at the value of the entry at `b`/`at`. */
+  private def pointToValue(row: UnsafeRow, b: Array[Byte], at: Int): UnsafeRow = {
+    row.pointTo(b, Platform.BYTE_ARRAY_OFFSET + Entry.valueStart(b, at), Entry.valueLength(b, at)); row
   }
   private def pairOf(b: Array[Byte], at: Int): UnsafeRowPair = {
     val k = new UnsafeRow(keyFields)
@@ -437,11 +438,7 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
         if (!mayHaveChanges || changes.isEmpty) null
         else changes.lookup(new KeyProbe(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes, hash))
       if (changed != null) {
-        if (Tombstone.is(changed)) null
-        else {
-          row.pointTo(changed, Platform.BYTE_ARRAY_OFFSET + Entry.valueStart(changed, 0), Entry.valueLength(changed))
-          row
-        }
+        if (Tombstone.is(changed)) null else pointToValue(row, changed, 0)
       } else if (!live.pointToValue(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes, hash, row)) null
       else {
         if (!rowFormatChecked) checkRowFormat(key, row) // the key matched the stored one byte for byte

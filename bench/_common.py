@@ -786,6 +786,13 @@ def slowest_batch_detail(target: dict[str, Any]) -> str:
             typical = target.get(f"median_batch_{key}")
             of = f" (a median batch {typical:,.0f})" if typical is not None else ""
             parts.append(what.format(f"{value:,.0f}") + of)
+    # The machine probe's fixed work in the slowest batch (bench/_probe.py; stop 69 on): well
+    # above a median batch's, the machine itself ran slower then.
+    probe = target.get("slowest_batch_probe_us")
+    if probe is not None:
+        typical = target.get("median_batch_probe_us")
+        of = f" (a median batch {typical:,.0f})" if typical is not None else ""
+        parts.append(f"the machine probe's fixed work {probe:,.0f} us{of}")
     detail = "; slowest: " + ", ".join(parts)
     others = target.get("others_max_over_median") or {}
     if others:

@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import _probe
 from _common import (
     BASELINE,
     CPU_SPLIT_KINDS,
@@ -142,6 +143,17 @@ def add_jvm_arguments(parser: argparse.ArgumentParser, heap_example: str) -> Non
         help="before a run's measured batches, run N small batches of the same query and provider "
         f"on a scratch checkpoint in the same JVM (see _warm_up; default {RUN_WARMUP} with a JVM "
         "per provider, 0 in a shared one)",
+    )
+
+
+def add_probe_argument(parser: argparse.ArgumentParser) -> None:
+    """``--no-probe``, which W1 and W5 share: see bench/_probe.py."""
+    parser.add_argument(
+        "--no-probe",
+        dest="probe",
+        action="store_false",
+        help="do not run the machine-speed probe beside the runs (bench/_probe.py), which takes "
+        "about 1%% of one core and gives each batch its probe_us",
     )
 
 
@@ -557,6 +569,12 @@ WORKERS = {
 # Parent side: plans the runs, launches the workers one after another, reports.
 
 
+BATCH_COUNTS = (*PROC_KEYS, "probe_us")
+"""What a W1 batch records of the machine beside its trigger: ``PROC_KEYS``, then the machine
+probe's median sample in it (``probe_us``, bench/_probe.py); each summarized as ``<key>_median``
+over the steady batches and ``trigger_ms_max_<key>`` for the slowest."""
+
+
 def summarize(run: dict[str, Any]) -> dict[str, Any]:
     """The figures W1 reports for one provider, from its per-batch series."""
     batches = run["batches"]
@@ -595,7 +613,7 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         parts = [(b.get("custom_metrics") or {}).get(metric) for b in steady]
         return median([v / 1000 for v in parts if v is not None])
 
-    counted = {key: [b[key] for b in steady if b.get(key) is not None] for key in PROC_KEYS}
+    counted = {key: [b[key] for b in steady if b.get(key) is not None] for key in BATCH_COUNTS}
     phase = grown_phase(steady, slowest)
     heap_after = heap_after_full_gcs(run.get("heap_after"))
     heap_base = heap_after_full_gcs(run.get("heap_baseline"))
@@ -657,9 +675,10 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         "trigger_ms_max_phase_ms": phase[1] if phase else None,
         "trigger_ms_max_phase_median_ms": phase[2] if phase else None,
         # What Linux counted in the steady batches (ProcCounters; reports before stop 44 have
-        # none): the median batch's, and the slowest one's.
-        **{f"{key}_median": median(counted[key]) if counted[key] else None for key in PROC_KEYS},
-        **{f"trigger_ms_max_{key}": slowest.get(key) if slowest else None for key in PROC_KEYS},
+        # none), and the machine probe's fixed work (bench/_probe.py; stop 69 on): the median
+        # batch's, and the slowest one's.
+        **{f"{key}_median": median(counted[key]) if counted[key] else None for key in BATCH_COUNTS},
+        **{f"trigger_ms_max_{key}": slowest.get(key) if slowest else None for key in BATCH_COUNTS},
         # The JVM's CPU a steady batch by the kind of thread that spent it (stop 63 on).
         "jvm_cpu_ms_by_thread_median": cpu_by_thread_median(steady),
     }
@@ -716,6 +735,12 @@ METRICS = [
     Metric("trigger_ms_max_jvm_cpu_ms", "  in the slowest batch", fmt_ms),
     Metric("steal_ms_median", f"CPU stolen a batch (median, batch >= {STEADY_FROM})", fmt_ms),
     Metric("trigger_ms_max_steal_ms", "  in the slowest batch", fmt_ms),
+    Metric(
+        "probe_us_median",
+        f"machine probe's fixed work (median, batch >= {STEADY_FROM})",
+        lambda v: f"{v:,.0f} us",
+    ),
+    Metric("trigger_ms_max_probe_us", "  in the slowest batch", lambda v: f"{v:,.0f} us"),
 ]
 
 
@@ -783,7 +808,7 @@ def targets(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             spikes["slowest_batch_phase"] = hs["trigger_ms_max_phase"]
             spikes["slowest_batch_phase_ms"] = hs["trigger_ms_max_phase_ms"]
             spikes["median_batch_phase_ms"] = hs["trigger_ms_max_phase_median_ms"]
-        for key in PROC_KEYS:
+        for key in BATCH_COUNTS:
             if hs.get(f"trigger_ms_max_{key}") is not None:
                 spikes[f"slowest_batch_{key}"] = hs[f"trigger_ms_max_{key}"]
                 spikes[f"median_batch_{key}"] = hs.get(f"{key}_median")
@@ -909,6 +934,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--data-dir", help="cache of generated batches (default: bench/results)")
     parser.add_argument("--work-dir", help="where checkpoints go (default: a temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep checkpoints after the run")
+    add_probe_argument(parser)
     parser.add_argument("--out", help="the JSON report (default: bench/results/w1-<time>.json)")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
@@ -1084,6 +1110,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, dict[str, Any]] = {}
     failures: dict[str, str] = {}
     java_options = worker_java_options(args)
+    probe = _probe.Probe(log_dir / "probe.txt") if args.probe else None
     specs = [
         {
             **params,
@@ -1101,6 +1128,8 @@ def main(argv: list[str] | None = None) -> int:
         for provider in providers
     ]
     try:
+        if probe is not None:
+            probe.start()
         if args.jvm == "shared":
             jars = [jar_copy] if jar_copy is not None else []
             runs, failures = run_shared(
@@ -1118,10 +1147,16 @@ def main(argv: list[str] | None = None) -> int:
             if not args.keep:
                 shutil.rmtree(work_root / provider.name, ignore_errors=True)
     finally:
+        if probe is not None:
+            probe.stop()
         if not args.keep and not args.work_dir:
             shutil.rmtree(work_root, ignore_errors=True)
     if not runs:
         raise SystemExit(f"every provider failed; logs in {log_dir}")
+    if probe is not None:
+        samples = probe.samples()
+        for run in runs.values():
+            _probe.attach(run["batches"], samples)
 
     summaries = {name: summarize(run) for name, run in runs.items()}
     environment = next(iter(runs.values()))["environment"]
@@ -1151,6 +1186,8 @@ def main(argv: list[str] | None = None) -> int:
         "warmup_data": warmup_shape(params) if args.warmup_batches > 0 else None,
         "java_options": java_options,
         "steady_from_batch": STEADY_FROM,
+        # The machine probe beside the runs (bench/_probe.py), or None: --no-probe.
+        "probe": _probe.settings() if args.probe else None,
         "maintenance_interval": {n: r.get("maintenance_interval") for n, r in runs.items()},
         "heapstate_jar": jar_info,
         "python": python,

@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import _probe
 import w1
 from _common import (
     CPU_SPLIT_KINDS,
@@ -117,6 +118,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--driver-memory", help="every run's driver heap (default: the size's)")
     parser.add_argument("--jvm", choices=["per-provider", "shared"], help="as in w1.py")
     w1.add_jvm_arguments(parser, heap_example="-Xms12g")
+    w1.add_probe_argument(parser)
     parser.add_argument(
         "--repeat",
         type=int,
@@ -290,6 +292,9 @@ def growth(summary: dict[int, dict[str, Any]]) -> dict[str, Any]:
         "memory_per_key_ratio": _growth(low, high, "memory_used_bytes_per_key"),
         "heap_per_key_ratio": _growth(low, high, "heap_retained_per_key"),
         "jvm_cpu_ratio": _growth(low, high, "jvm_cpu_ms_median"),
+        # The machine probe's fixed work (bench/_probe.py): above 1.00x, the machine ran slower
+        # in the larger K's batches than in the smaller's.
+        "probe_ratio": _growth(low, high, "probe_us_median"),
         "faulting_from": low.get("faulting_batches"),
         "faulting_to": high.get("faulting_batches"),
         "marking_ms_from": low.get("gc_marking_ms_total"),
@@ -412,6 +417,7 @@ def print_report(
             "memory per key",
             "heap per key",
             "JVM CPU",
+            "machine probe",
             "faulting",
             "marking",
         )
@@ -433,6 +439,7 @@ def print_report(
                 r("memory_per_key_ratio"),
                 r("heap_per_key_ratio"),
                 r("jvm_cpu_ratio"),
+                r("probe_ratio"),
                 _faults(g),
                 _markings(g),
             )
@@ -620,7 +627,10 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, dict[str, Any]] = {}
     repeats: dict[str, list[dict[str, Any]]] = {}  # the later rounds' runs, by first run's name
     failures: dict[str, str] = {}
+    probe = _probe.Probe(log_dir / "probe.txt") if args.probe else None
     try:
+        if probe is not None:
+            probe.start()
         if args.jvm == "shared":
             jars = [jar_copy] if jar_copy is not None else []
             runs, failures = w1.run_shared(
@@ -644,10 +654,16 @@ def main(argv: list[str] | None = None) -> int:
                 progress(f"{name}: FAILED: {err}")
             shutil.rmtree(spec["work_dir"], ignore_errors=True)
     finally:
+        if probe is not None:
+            probe.stop()
         if not args.work_dir:
             shutil.rmtree(work_root, ignore_errors=True)
     if not runs and not repeats:
         raise SystemExit(f"every run failed; logs in {log_dir}")
+    if probe is not None:
+        samples = probe.samples()
+        for run in [*runs.values(), *(r for rs in repeats.values() for r in rs)]:
+            _probe.attach(run["batches"], samples)
 
     summaries: dict[str, dict[int, dict[str, Any]]] = {}
     for spec in specs:
@@ -698,6 +714,8 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "java_options": java_options,
         "steady_from_batch": w1.STEADY_FROM,
+        # The machine probe beside the runs (bench/_probe.py), or None: --no-probe.
+        "probe": _probe.settings() if args.probe else None,
         "heapstate_jar": jar_info,
         "python": python,
         "host": host_info(),

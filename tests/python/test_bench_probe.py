@@ -1,0 +1,115 @@
+"""The machine-speed probe (``bench/_probe.py``) and what W1 and W5 make of it: its samples read
+from its file, each batch's median sample, the slowest batch's beside a median batch's in W1's
+spike line, and W5's growth of it. Hand-written samples and batches give exact figures; one test
+runs the probe's own process."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+import _probe  # bench/ is a folder of scripts, put on the path above
+import w1
+import w5
+
+
+def test_samples_are_read_and_a_line_cut_short_is_left_out(tmp_path: Path) -> None:
+    f = tmp_path / "probe.txt"
+    f.write_text("1000 950\n1100 980\n1200 1900\n13")
+    assert _probe.read(f) == [(1000, 950.0), (1100, 980.0), (1200, 1900.0)]
+    f.write_text("")
+    assert _probe.read(f) == []
+
+
+SAMPLES = [(900, 5000.0), (1000, 900.0), (1100, 1000.0), (1200, 2000.0), (1300, 4000.0)]
+
+
+def test_a_batch_gets_the_median_of_the_samples_that_ended_inside_it() -> None:
+    assert _probe.median_between(SAMPLES, 1000, 1200) == 1000.0  # 900, 1,000 and 2,000
+    assert _probe.median_between(SAMPLES, 1050, 1300) == 2000.0  # 1,000, 2,000 and 4,000
+    assert _probe.median_between(SAMPLES, 1000, 1100) == 950.0
+    assert _probe.median_between(SAMPLES, 1001, 1099) is None
+    batches: list[dict[str, Any]] = [
+        {"batch": 0, "start_epoch_ms": 950, "end_epoch_ms": 1150},
+        {"batch": 1, "start_epoch_ms": 1150, "end_epoch_ms": 1350},
+        {"batch": 2, "start_epoch_ms": 1400, "end_epoch_ms": 1500},
+        {"batch": 3},  # a record without its window
+    ]
+    _probe.attach(batches, SAMPLES)
+    assert [b["probe_us"] for b in batches] == [950.0, 3000.0, None, None]
+
+
+def _batch(batch: int, start: int, trigger: int, probe: float) -> dict[str, Any]:
+    return {
+        "batch": batch,
+        "trigger_ms": trigger,
+        "commit_ms": 10,
+        "memory_used_bytes": 1,
+        "state_bytes_new": 1,
+        "state_bytes_total": batch,
+        "new_snapshot_versions": [],
+        "start_epoch_ms": start,
+        "end_epoch_ms": start + trigger,
+        "probe_us": probe,
+    }
+
+
+def test_the_spike_line_gives_the_slowest_batchs_probe_beside_a_median_batchs(
+    capsys: Any,
+) -> None:
+    triggers = [1500, 400, 300, 700, 300, 320]
+    probes = [900.0, 950.0, 940.0, 1900.0, 960.0, 1000.0]
+    batches = [_batch(b, 1000 * b, t, p) for b, (t, p) in enumerate(zip(triggers, probes))]
+    summary = w1.summarize({"batches": batches})
+    assert summary["trigger_ms_max_probe_us"] == 1900.0
+    assert summary["probe_us_median"] == 980.0  # batches 2 to 5: 940, 1,900, 960, 1,000
+    spikes = next(t for t in w1.targets({"heapstate": summary}) if t["target"].startswith("max"))
+    assert (spikes["slowest_batch_probe_us"], spikes["median_batch_probe_us"]) == (1900.0, 980.0)
+    w1.print_targets([spikes])
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "  FAIL  max trigger <= 1.5x median (batch >= 2)  (700 vs limit 465); "
+        "slowest: batch 3, its commit 10 ms, the machine probe's fixed work 1,900 us "
+        "(a median batch 980)"
+    )
+    # Batches without a sample (a run with --no-probe, or a report from before stop 69) name none.
+    for b in batches:
+        b["probe_us"] = None
+    older = w1.summarize({"batches": batches})
+    assert older["probe_us_median"] is None and older["trigger_ms_max_probe_us"] is None
+    spikes = next(t for t in w1.targets({"heapstate": older}) if t["target"].startswith("max"))
+    assert "slowest_batch_probe_us" not in spikes
+
+
+def test_w5s_growth_gives_the_probes_ratio() -> None:
+    low = {"trigger_ms_median": 250.0, "probe_us_median": 1000.0}
+    high = {"trigger_ms_median": 300.0, "probe_us_median": 1250.0}
+    g = w5.growth({1_000_000: low, 4_000_000: high})
+    assert (g["trigger_ratio"], g["probe_ratio"]) == (1.2, 1.25)
+    del high["probe_us_median"]
+    assert w5.growth({1_000_000: low, 4_000_000: high})["probe_ratio"] is None
+
+
+def test_the_probe_process_samples_until_stopped(tmp_path: Path) -> None:
+    probe = _probe.Probe(tmp_path / "logs" / "probe.txt")
+    started = time.time() * 1000
+    probe.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(probe.samples()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        probe.stop()
+    stopped = time.time() * 1000
+    samples = probe.samples()
+    assert len(samples) >= 3
+    assert all(started <= at <= stopped for at, _ in samples)
+    assert all(us > 0 for _, us in samples)
+    # Stopped means stopped: nothing more is written.
+    time.sleep(3 * _probe.INTERVAL_S)
+    assert probe.samples() == samples

@@ -14,12 +14,14 @@ ran slower.
 
 It costs about 1% of one core (about 1 ms of work every 100 ms), for every provider alike.
 
-Run as a script it samples until killed: ``python bench/_probe.py OUT``, one line per sample:
-the epoch in ms when the sample ended, then its CPU time in microseconds.
+Run as a script it samples until killed or its parent ends: ``python bench/_probe.py OUT
+PARENT_PID``, one line per sample: the epoch in ms when the sample ended, then its CPU time in
+microseconds.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
@@ -56,10 +58,12 @@ def sample(n: int = WORK) -> float:
     return (time.thread_time_ns() - start) / 1000
 
 
-def run(out: Path, interval_s: float = INTERVAL_S) -> None:
-    """Samples until the process is killed, appending a line to ``out`` for each sample."""
+def run(out: Path, parent: int, interval_s: float = INTERVAL_S) -> None:
+    """Samples until the process is killed, or process ``parent`` is no longer its parent (a
+    benchmark killed before it could stop the probe, perhaps before the probe even started: the
+    probe is then a child of another process), appending a line to ``out`` for each sample."""
     with out.open("a", encoding="utf-8") as f:
-        while True:
+        while os.getppid() == parent:
             us = sample()
             f.write(f"{time.time_ns() // 1_000_000} {us:.0f}\n")
             f.flush()
@@ -111,7 +115,7 @@ class Probe:
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.out.write_text("", encoding="utf-8")
         self._proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), str(self.out)]
+            [sys.executable, str(Path(__file__).resolve()), str(self.out), str(os.getpid())]
         )
 
     def stop(self) -> None:
@@ -120,11 +124,16 @@ class Probe:
             self._proc.wait()
             self._proc = None
 
+    @property
+    def pid(self) -> int | None:
+        """The probe's process id while it runs, else None."""
+        return self._proc.pid if self._proc is not None else None
+
     def samples(self) -> list[tuple[int, float]]:
         return read(self.out)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python bench/_probe.py OUT")
-    run(Path(sys.argv[1]))
+    if len(sys.argv) != 3:
+        sys.exit("usage: python bench/_probe.py OUT PARENT_PID")
+    run(Path(sys.argv[1]), int(sys.argv[2]))

@@ -5,6 +5,7 @@ runs the probe's own process."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -113,3 +114,40 @@ def test_the_probe_process_samples_until_stopped(tmp_path: Path) -> None:
     # Stopped means stopped: nothing more is written.
     time.sleep(3 * _probe.INTERVAL_S)
     assert probe.samples() == samples
+
+
+PARENT = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import _probe
+probe = _probe.Probe(Path(sys.argv[2]))
+probe.start()
+print(probe.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_the_probe_ends_with_the_process_that_started_it(tmp_path: Path) -> None:
+    out = tmp_path / "probe.txt"
+    # A parent that starts the probe and is killed before it can stop it.
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(BENCH), str(out)], stdout=subprocess.PIPE, text=True
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

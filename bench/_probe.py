@@ -3,14 +3,23 @@
 On the 2-core virtual machines these benchmarks run on, a whole run of batches sometimes goes
 slower in every part at once: in stop 68's ``w1-stop68a`` heapstate's batches 18 to 21 took
 twice the median's JVM CPU, in its task threads and in the query's driver thread alike, with no
-GC pause, no G1 marking and no steal time (this machine's hypervisor reports none). A batch's own
-counters cannot tell such a slow machine from slow code. This probe can: a process of its own that
-every ``INTERVAL_S`` seconds runs the same ``WORK`` iterations of pure-Python arithmetic, on data
-that fits in a core's first-level cache, and records the CPU time they took (the thread's clock,
-so time spent waiting for a core does not count; time the hypervisor took the core away while
-the probe ran does, since this guest sees no steal). A batch's ``probe_us`` is the median of the
-samples taken while it ran; where it is well above the run's median, the machine, not the store,
-ran slower.
+GC pause, no G1 marking and no steal time. A batch's own counters cannot tell a slower CPU from
+more work. This probe is a process of its own that every ``INTERVAL_S`` seconds runs the same
+``WORK`` iterations of pure-Python arithmetic, on data that fits in a core's first-level cache,
+and records the CPU time they took (the thread's clock: time spent waiting for a core does not
+count). A batch's ``probe_us`` is the median of the samples that ended while it ran.
+
+What a slow sample means, on the machine of stops 66 to 69 (Linux with paravirtual steal
+accounting and no separate IRQ time accounting):
+- the time the hypervisor gave the probe's CPU to something else is steal, which the kernel takes
+  out of the thread's clock (and which the batches' ``steal_ms`` counts), so it does not count;
+- a CPU that runs slower while the probe has it (another tenant on the same physical core or
+  cache, a lower clock) does count, and so does interrupt handling on that CPU (disk and network
+  completions, the JVM's TLB shootdowns), which this kernel charges to the running thread.
+So a batch whose probe is near the run's median ran on a CPU of the usual speed; one well above it
+is a sign, not a proof, of a slower machine: in stop 69's ``w5-stop69a``, five of heapstate's ten
+steady batches at 4M in the second round had probes 1.45x to 1.66x the median while their
+triggers stayed near the first round's.
 
 It costs about 1% of one core (about 1 ms of work every 100 ms), for every provider alike.
 

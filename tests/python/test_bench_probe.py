@@ -87,11 +87,19 @@ def test_the_spike_line_gives_the_slowest_batchs_probe_beside_a_median_batchs(
     assert "slowest_batch_probe_us" not in spikes
 
 
-def test_w5s_growth_gives_the_probes_ratio() -> None:
-    low = {"trigger_ms_median": 250.0, "probe_us_median": 1000.0}
-    high = {"trigger_ms_median": 300.0, "probe_us_median": 1250.0}
+def test_w5s_growth_gives_the_probes_ratio(capsys: Any) -> None:
+    low = {"trigger_ms_median": 250.0, "probe_us_median": 1000.0, "jvm_cpu_ms_median": 400.0}
+    high = {"trigger_ms_median": 300.0, "probe_us_median": 1500.0, "jvm_cpu_ms_median": 500.0}
     g = w5.growth({1_000_000: low, 4_000_000: high})
-    assert (g["trigger_ratio"], g["probe_ratio"]) == (1.2, 1.25)
+    assert (g["trigger_ratio"], g["jvm_cpu_ratio"], g["probe_ratio"]) == (1.2, 1.25, 1.5)
+    w5.print_report("W5", {"heapstate": {1_000_000: low, 4_000_000: high}}, {"heapstate": g}, [])
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if "machine probe" in line)
+    row = next(line for line in lines if "1,000,000 -> 4,000,000" in line)
+    # Each ratio sits under its heading, right-aligned to it: the JVM CPU's, then the probe's.
+    for heading, ratio in (("JVM CPU", "1.25x"), ("machine probe", "1.50x")):
+        end = header.index(heading) + len(heading)
+        assert row[end - len(ratio) : end] == ratio, heading
     del high["probe_us_median"]
     assert w5.growth({1_000_000: low, 4_000_000: high})["probe_ratio"] is None
 

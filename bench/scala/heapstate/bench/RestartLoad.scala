@@ -61,6 +61,12 @@ import org.apache.spark.unsafe.types.UTF8String
  * `--after N` runs N more batches of the same shape after the first, on the same providers, and
  * prints each one's wall time (heapstate loads a share of its pending buckets in each commit; the
  * median still covers the first batch only).
+ *
+ * `--again true` then runs the restart's load and reads once more in the same JVM, now warm: new
+ * providers (so the state is read from the files again) take `getStore` of the restart's version
+ * and its gets and puts, and abort instead of committing (the first batch wrote the next
+ * version). It prints their wall time and phases beside the cold ones: how much of a cold
+ * restart is the JVM's warm-up (class loading, the interpreter, the JIT) rather than the reading.
  */
 object RestartLoad {
   private val Partitions = 4
@@ -75,6 +81,7 @@ object RestartLoad {
     val updates = opts.getOrElse("updates", "10000").toInt
     val runs = opts.getOrElse("runs", "3").toInt
     val after = opts.getOrElse("after", "0").toInt
+    val again = opts.getOrElse("again", "false").toBoolean
     require(
       keys >= Partitions && journals >= 0 && updates >= Partitions && runs >= 1 && after >= 0,
       s"--keys and --updates must be at least $Partitions, --journals and --after at least 0, --runs at least 1"
@@ -88,7 +95,7 @@ object RestartLoad {
     opts.get("phase") match {
       case Some("build") => build(providers.head, opts("root"), keys, journals, updates)
       case Some("load") =>
-        load(providers.head, opts("root"), journals + 1, stage, keys / Partitions, updates, after, opts("out"))
+        load(providers.head, opts("root"), journals + 1, stage, keys / Partitions, updates, after, again, opts("out"))
       case _ =>
         val root = Files.createTempDirectory("restart-load")
         val walls = mutable.LinkedHashMap.empty[String, Seq[Long]]
@@ -104,7 +111,8 @@ object RestartLoad {
                 "--journals" -> journals.toString,
                 "--updates" -> updates.toString,
                 "--stage" -> stage,
-                "--after" -> after.toString
+                "--after" -> after.toString,
+                "--again" -> again.toString
               )
               val cmd = Seq(javaBin) ++ heap ++ jvmOpens ++
                 Seq("-cp", System.getProperty("java.class.path"), "heapstate.bench.RestartLoad") ++
@@ -228,7 +236,7 @@ object RestartLoad {
 
   private def load(
       p: Provider, root: String, version: Int, stage: String, keysPerPartition: Int, updates: Int, after: Int,
-      out: String): Unit = {
+      again: Boolean, out: String): Unit = {
     val scratch = Files.createTempDirectory("restart-load-warm-up")
     val warm = open(p, scratch.toString, 0)
     for (v <- 0 until 2) {
@@ -274,7 +282,39 @@ object RestartLoad {
         }
       })
     }.map(_.get()).sum
-    val (loaded, wall, gc, later) =
+    // With --again: the restart's load and reads once more in this JVM, now warm, on new providers
+    // (their own engines, so the state is read from the files again), without the commit, whose
+    // version the first batch wrote; the same phases, and the wall time.
+    val phasesAgain = new Array[Long](2)
+    def loadAgain(): Long = {
+      opened.foreach(o => if (o != null) o.close())
+      val t = System.nanoTime()
+      (0 until Partitions).map { part =>
+        pool.submit(new Callable[Unit] {
+          def call(): Unit = {
+            val t0 = System.nanoTime()
+            val provider = open(p, root, part)
+            try {
+              val store = provider.getStore(version)
+              val t1 = System.nanoTime()
+              val rnd = new java.util.Random(1L + part)
+              for (_ <- 0 until updates / Partitions) {
+                val k = rnd.nextInt(keysPerPartition).toLong * Partitions + part
+                require(store.get(key(k)) != null, s"key $k is missing from partition $part")
+                store.put(key(k), value(k, version + 1))
+              }
+              val t2 = System.nanoTime()
+              store.abort()
+              phasesAgain.synchronized {
+                phasesAgain(0) += (t1 - t0) / 1000000; phasesAgain(1) += (t2 - t1) / 1000000
+              }
+            } finally provider.close()
+          }
+        })
+      }.foreach(_.get())
+      (System.nanoTime() - t) / 1000000
+    }
+    val (loaded, wall, gc, later, againWall) =
       try {
         val n = batch(0)
         val wall = (System.nanoTime() - start) / 1000000
@@ -283,7 +323,8 @@ object RestartLoad {
         val later = (1 to (if (stage == "full") after else 0)).map { b =>
           val t = System.nanoTime(); batch(b); (System.nanoTime() - t) / 1000000
         }
-        (n, wall, gc, later)
+        val againWall = if (again && stage == "full") Some(loadAgain()) else None
+        (n, wall, gc, later, againWall)
       } finally pool.shutdown() // a failed partition must not leave the pool's threads keeping the JVM alive
     val what = if (stage == "parse") "records" else "keys"
     val did = if (stage == "full") "first batch" else "load"
@@ -291,7 +332,10 @@ object RestartLoad {
       (if (stage != "full") ""
        else s"; summed over partitions: init and getStore ${phases(0)} ms, gets and puts " +
          s"${phases(1)} ms, commit ${phases(2)} ms") +
-      (if (later.isEmpty) "" else s"; the ${later.size} batches after it: ${later.mkString(", ")} ms"))
+      (if (later.isEmpty) "" else s"; the ${later.size} batches after it: ${later.mkString(", ")} ms") +
+      againWall.fold("")(w =>
+        s"; again, warm, without the commit: wall $w ms, init and getStore " +
+          s"${phasesAgain(0)} ms, gets and puts ${phasesAgain(1)} ms"))
     Files.writeString(Paths.get(out), wall.toString)
   }
 }

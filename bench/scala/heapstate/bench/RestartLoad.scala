@@ -62,10 +62,10 @@ import org.apache.spark.unsafe.types.UTF8String
  * prints each one's wall time (heapstate loads a share of its pending buckets in each commit; the
  * median still covers the first batch only).
  *
- * `--again true` then runs the restart's load and reads once more in the same JVM, now warm: new
- * providers (so the state is read from the files again) take `getStore` of the restart's version
- * and its gets and puts, and abort instead of committing (the first batch wrote the next
- * version). It prints their wall time and phases beside the cold ones: how much of a cold
+ * `--again N` then runs the restart's load and reads N more times in the same JVM, warmer each
+ * time: new providers (so the state is read from the files again) take `getStore` of the
+ * restart's version and its gets and puts, and abort instead of committing (the first batch wrote
+ * the next version). It prints the last one's wall time and phases beside the cold ones: how much of a cold
  * restart is the JVM's warm-up (class loading, the interpreter, the JIT) rather than the reading.
  */
 object RestartLoad {
@@ -81,10 +81,10 @@ object RestartLoad {
     val updates = opts.getOrElse("updates", "10000").toInt
     val runs = opts.getOrElse("runs", "3").toInt
     val after = opts.getOrElse("after", "0").toInt
-    val again = opts.getOrElse("again", "false").toBoolean
+    val again = opts.getOrElse("again", "0").toInt
     require(
-      keys >= Partitions && journals >= 0 && updates >= Partitions && runs >= 1 && after >= 0,
-      s"--keys and --updates must be at least $Partitions, --journals and --after at least 0, --runs at least 1"
+      keys >= Partitions && journals >= 0 && updates >= Partitions && runs >= 1 && after >= 0 && again >= 0,
+      s"--keys and --updates must be at least $Partitions, --journals, --after and --again at least 0, --runs at least 1"
     )
     // RocksDB's restart is measured by W1; this probe compares the two heap providers' loads.
     val providers = chosen(opts + ("providers" -> opts.getOrElse("providers", "hdfs,heapstate")))
@@ -236,7 +236,7 @@ object RestartLoad {
 
   private def load(
       p: Provider, root: String, version: Int, stage: String, keysPerPartition: Int, updates: Int, after: Int,
-      again: Boolean, out: String): Unit = {
+      again: Int, out: String): Unit = {
     val scratch = Files.createTempDirectory("restart-load-warm-up")
     val warm = open(p, scratch.toString, 0)
     for (v <- 0 until 2) {
@@ -282,12 +282,13 @@ object RestartLoad {
         }
       })
     }.map(_.get()).sum
-    // With --again: the restart's load and reads once more in this JVM, now warm, on new providers
-    // (their own engines, so the state is read from the files again), without the commit, whose
-    // version the first batch wrote; the same phases, and the wall time.
+    // With --again N: the restart's load and reads N more times in this JVM, warmer each time, on
+    // new providers (their own engines, so the state is read from the files again), without the
+    // commit, whose version the first batch wrote; the last one's phases and wall time.
     val phasesAgain = new Array[Long](2)
     def loadAgain(): Long = {
       opened.foreach(o => if (o != null) o.close())
+      java.util.Arrays.fill(phasesAgain, 0L)
       val t = System.nanoTime()
       (0 until Partitions).map { part =>
         pool.submit(new Callable[Unit] {
@@ -323,7 +324,7 @@ object RestartLoad {
         val later = (1 to (if (stage == "full") after else 0)).map { b =>
           val t = System.nanoTime(); batch(b); (System.nanoTime() - t) / 1000000
         }
-        val againWall = if (again && stage == "full") Some(loadAgain()) else None
+        val againWall = if (again > 0 && stage == "full") (1 to again).map(_ => loadAgain()).lastOption else None
         (n, wall, gc, later, againWall)
       } finally pool.shutdown() // a failed partition must not leave the pool's threads keeping the JVM alive
     val what = if (stage == "parse") "records" else "keys"
@@ -334,7 +335,7 @@ object RestartLoad {
          s"${phases(1)} ms, commit ${phases(2)} ms") +
       (if (later.isEmpty) "" else s"; the ${later.size} batches after it: ${later.mkString(", ")} ms") +
       againWall.fold("")(w =>
-        s"; again, warm, without the commit: wall $w ms, init and getStore " +
+        s"; again ($again times, warmer each time; the last), without the commit: wall $w ms, init and getStore " +
           s"${phasesAgain(0)} ms, gets and puts ${phasesAgain(1)} ms"))
     Files.writeString(Paths.get(out), wall.toString)
   }

@@ -18,8 +18,9 @@ accounting and no separate IRQ time accounting):
   completions, the JVM's TLB shootdowns), which this kernel charges to the running thread.
 So a batch whose probe is near the run's median ran on a CPU of the usual speed; one well above it
 is a sign, not a proof, of a slower machine: in stop 69's ``w5-stop69a``, five of heapstate's ten
-steady batches at 4M in the second round had probes 1.45x to 1.66x the median while their
-triggers stayed near the first round's.
+steady batches at 4M in the second round had probes 1.45x to 1.66x the median; they averaged 301
+ms against 278 for the other five, and the two highest probes were the round's two slowest
+batches (353 and 326 ms), but the others among them were not slow.
 
 It costs about 1% of one core (about 1 ms of work every 100 ms), for every provider alike.
 
@@ -31,6 +32,7 @@ microseconds.
 from __future__ import annotations
 
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -40,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 WORK = 12_000
-"""Iterations of ``fixed_work`` a sample runs: about 0.95 ms of CPU on stop 69's AMD EPYC."""
+"""Iterations of ``fixed_work`` a sample runs: about 0.83 to 0.87 ms of CPU on stop 69's AMD EPYC."""
 
 INTERVAL_S = 0.1
 """Seconds between the end of one sample and the start of the next."""
@@ -71,6 +73,8 @@ def run(out: Path, parent: int, interval_s: float = INTERVAL_S) -> None:
     """Samples until the process is killed, or process ``parent`` is no longer its parent (a
     benchmark killed before it could stop the probe, perhaps before the probe even started: the
     probe is then a child of another process), appending a line to ``out`` for each sample."""
+    # A Ctrl-C reaches the whole process group; the benchmark stops the probe itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     with out.open("a", encoding="utf-8") as f:
         while os.getppid() == parent:
             us = sample()
@@ -80,12 +84,12 @@ def run(out: Path, parent: int, interval_s: float = INTERVAL_S) -> None:
 
 
 def read(path: Path) -> list[tuple[int, float]]:
-    """The samples of a probe's file, as (epoch ms, CPU µs), in the file's order. A last line cut
-    short (the probe killed while writing it) is left out."""
+    """The samples of a probe's file, as (epoch ms, CPU µs), in the file's order. Only whole lines
+    count: a last line without its newline (the probe killed while writing it) is left out."""
     samples = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
         parts = line.split()
-        if len(parts) == 2:
+        if line.endswith("\n") and len(parts) == 2:
             try:
                 samples.append((int(parts[0]), float(parts[1])))
             except ValueError:

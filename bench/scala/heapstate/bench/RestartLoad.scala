@@ -62,11 +62,12 @@ import org.apache.spark.unsafe.types.UTF8String
  * prints each one's wall time (heapstate loads a share of its pending buckets in each commit; the
  * median still covers the first batch only).
  *
- * `--again N` then runs the restart's load and reads N more times in the same JVM, warmer each
- * time: new providers (so the state is read from the files again) take `getStore` of the
- * restart's version and its gets and puts, and abort instead of committing (the first batch wrote
- * the next version). It prints the last one's wall time and phases beside the cold ones: how much of a cold
- * restart is the JVM's warm-up (class loading, the interpreter, the JIT) rather than the reading.
+ * `--again N` (with `--stage full`) then runs the restart's load and reads N more times in the
+ * same JVM, warmer each time: new providers (so the state is read from the files again) take
+ * `getStore` of the restart's version and as many gets and puts (of other random keys), and abort
+ * instead of committing (the first batch wrote the next version). It prints the last one's wall
+ * time and phases beside the cold ones: how much of a cold restart is the JVM's warm-up (class
+ * loading, the interpreter, the JIT) rather than the reading.
  */
 object RestartLoad {
   private val Partitions = 4
@@ -90,6 +91,7 @@ object RestartLoad {
     val providers = chosen(opts + ("providers" -> opts.getOrElse("providers", "hdfs,heapstate")))
     val stage = opts.getOrElse("stage", "full")
     require(Stages.contains(stage), s"--stage must be one of ${Stages.mkString(", ")}, not '$stage'")
+    require(stage == "full" || again == 0, s"--again times the whole first batch's load; it needs --stage full")
     require(stage == "full" || providers.forall(_.name == "heapstate"),
       s"--stage $stage looks inside heapstate's load; run it with --providers heapstate")
     opts.get("phase") match {

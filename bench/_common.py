@@ -626,6 +626,11 @@ PROC_KEYS = ("minor_faults", "jvm_cpu_ms", "steal_ms")
 """The names of ``ProcCounters.since``'s counts, in a W1 batch's record and (``<key>_median``,
 ``trigger_ms_max_<key>``) in its summary."""
 
+BATCH_COUNTS = (*PROC_KEYS, "probe_us")
+"""What a W1 batch records of the machine beside its trigger: ``PROC_KEYS``, then the machine
+probe's median sample in it (``probe_us``, bench/_probe.py; stop 69 on); each summarized as
+``<key>_median`` over the steady batches and ``trigger_ms_max_<key>`` for the slowest."""
+
 
 def proc_counters(pid: int) -> ProcCounters | None:
     """``ProcCounters`` of process ``pid`` now, from ``/proc/<pid>/stat`` and ``/proc/stat``; None
@@ -778,21 +783,21 @@ def slowest_batch_detail(target: dict[str, Any]) -> str:
             f"{fmt_ms(target['slowest_batch_phase_ms'])} (a median batch "
             f"{fmt_ms(target['median_batch_phase_ms'])})"
         )
-    # The /proc counts of the slowest batch, each beside a median batch's (stop 44 on).
-    labels = ("{} minor page faults", "{} ms of the JVM's CPU", "{} ms stolen by the hypervisor")
-    for key, what in zip(PROC_KEYS, labels, strict=True):
+    # The /proc counts of the slowest batch (stop 44 on) and the machine probe's fixed work in it
+    # (bench/_probe.py; stop 69 on: well above a median batch's, the CPU itself ran slower then),
+    # each beside a median batch's.
+    labels = (
+        "{} minor page faults",
+        "{} ms of the JVM's CPU",
+        "{} ms stolen by the hypervisor",
+        "the machine probe's fixed work {} us",
+    )
+    for key, what in zip(BATCH_COUNTS, labels, strict=True):
         value = target.get(f"slowest_batch_{key}")
         if value is not None:
             typical = target.get(f"median_batch_{key}")
             of = f" (a median batch {typical:,.0f})" if typical is not None else ""
             parts.append(what.format(f"{value:,.0f}") + of)
-    # The machine probe's fixed work in the slowest batch (bench/_probe.py; stop 69 on): well
-    # above a median batch's, the machine itself ran slower then.
-    probe = target.get("slowest_batch_probe_us")
-    if probe is not None:
-        typical = target.get("median_batch_probe_us")
-        of = f" (a median batch {typical:,.0f})" if typical is not None else ""
-        parts.append(f"the machine probe's fixed work {probe:,.0f} us{of}")
     detail = "; slowest: " + ", ".join(parts)
     others = target.get("others_max_over_median") or {}
     if others:

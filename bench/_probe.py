@@ -145,6 +145,12 @@ class Probe:
     def samples(self) -> list[tuple[int, float]]:
         return read(self.out)
 
+    def attach_to(self, runs: Iterable[dict[str, Any]]) -> None:
+        """``attach`` of what the probe wrote to the batches of each run (a W1 or W5 run record)."""
+        samples = self.samples()
+        for run in runs:
+            attach(run["batches"], samples)
+
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:

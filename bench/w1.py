@@ -50,10 +50,10 @@ from typing import Any
 import _probe
 from _common import (
     BASELINE,
+    BATCH_COUNTS,
     CPU_SPLIT_KINDS,
     DEFAULT_PYTHON,
     MAINTENANCE_CONF,
-    PROC_KEYS,
     PROVIDERS,
     REPO_DIR,
     RESULTS_DIR,
@@ -567,12 +567,6 @@ WORKERS = {
 
 # --------------------------------------------------------------------------------------------
 # Parent side: plans the runs, launches the workers one after another, reports.
-
-
-BATCH_COUNTS = (*PROC_KEYS, "probe_us")
-"""What a W1 batch records of the machine beside its trigger: ``PROC_KEYS``, then the machine
-probe's median sample in it (``probe_us``, bench/_probe.py); each summarized as ``<key>_median``
-over the steady batches and ``trigger_ms_max_<key>`` for the slowest."""
 
 
 def summarize(run: dict[str, Any]) -> dict[str, Any]:
@@ -1154,9 +1148,7 @@ def main(argv: list[str] | None = None) -> int:
     if not runs:
         raise SystemExit(f"every provider failed; logs in {log_dir}")
     if probe is not None:
-        samples = probe.samples()
-        for run in runs.values():
-            _probe.attach(run["batches"], samples)
+        probe.attach_to(runs.values())
 
     summaries = {name: summarize(run) for name, run in runs.items()}
     environment = next(iter(runs.values()))["environment"]

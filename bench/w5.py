@@ -661,9 +661,7 @@ def main(argv: list[str] | None = None) -> int:
     if not runs and not repeats:
         raise SystemExit(f"every run failed; logs in {log_dir}")
     if probe is not None:
-        samples = probe.samples()
-        for run in [*runs.values(), *(r for rs in repeats.values() for r in rs)]:
-            _probe.attach(run["batches"], samples)
+        probe.attach_to([*runs.values(), *(r for rs in repeats.values() for r in rs)])
 
     summaries: dict[str, dict[int, dict[str, Any]]] = {}
     for spec in specs:

@@ -16,7 +16,7 @@ if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
 import w1  # bench/ is a folder of scripts, put on the path above
-from _common import gc_mark_cycles, marking_ms_between
+from _common import PROC_KEYS, gc_mark_cycles, marking_ms_between
 
 # What -Xlog:gc:file=...:timemillis writes, cut down: a cycle G1 undid, two full cycles (the
 # second starting while the first one's id is still open in another log line), pauses, and a
@@ -364,10 +364,10 @@ def test_the_spike_target_counts_the_slowest_batch_and_the_other_providers(
     )
     # A report from before these were counted has none of them.
     for b in batches:
-        for key in w1.PROC_KEYS:
+        for key in PROC_KEYS:
             del b[key]
     older = w1.summarize({"batches": batches})
-    for key in w1.PROC_KEYS:
+    for key in PROC_KEYS:
         assert older[f"{key}_median"] is None
         assert older[f"trigger_ms_max_{key}"] is None
     spikes = next(t for t in w1.targets({"heapstate": older}) if t["target"].startswith("max"))

@@ -5,6 +5,7 @@ run the probe's own process."""
 
 from __future__ import annotations
 
+import statistics
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ if str(BENCH) not in sys.path:
 import _probe  # bench/ is a folder of scripts, put on the path above
 import w1
 import w5
+from test_bench_gc import _batch as gc_batch
 
 
 def test_samples_are_read_and_a_line_cut_short_is_left_out(tmp_path: Path) -> None:
@@ -49,18 +51,8 @@ def test_a_batch_gets_the_median_of_the_samples_that_ended_inside_it() -> None:
 
 
 def _batch(batch: int, start: int, trigger: int, probe: float) -> dict[str, Any]:
-    return {
-        "batch": batch,
-        "trigger_ms": trigger,
-        "commit_ms": 10,
-        "memory_used_bytes": 1,
-        "state_bytes_new": 1,
-        "state_bytes_total": batch,
-        "new_snapshot_versions": [],
-        "start_epoch_ms": start,
-        "end_epoch_ms": start + trigger,
-        "probe_us": probe,
-    }
+    """test_bench_gc's batch record, with its probe sample."""
+    return {**gc_batch(batch, start, trigger), "probe_us": probe}
 
 
 def test_the_spike_line_gives_the_slowest_batchs_probe_beside_a_median_batchs(
@@ -121,6 +113,10 @@ def test_the_probe_process_samples_until_stopped(tmp_path: Path) -> None:
     assert len(samples) >= 3
     assert all(started <= at <= stopped for at, _ in samples)
     assert all(us > 0 for _, us in samples)
+    # What W1 and W5 do with them: a run whose one batch spans the probe's life gets their median.
+    run: dict[str, Any] = {"batches": [{"start_epoch_ms": started, "end_epoch_ms": stopped}]}
+    probe.attach_to([run])
+    assert run["batches"][0]["probe_us"] == statistics.median(us for _, us in samples)
     assert probe.pid is None
 
 

@@ -258,8 +258,17 @@ object RestartLoad {
     val opened = new Array[StateStoreProvider](Partitions)
     // The first batch's time in init and getStore, in the gets and puts, and in commit, summed over partitions.
     val phases = new Array[Long](3)
-    // Batch `b` after the restart (0: the restart's own) on every partition: each key it updates is
-    // read first, as an aggregation reads its state.
+    // A batch's reads and writes on partition `part`'s `store`: U/4 keys drawn with `seed`, each read
+    // first, as an aggregation reads its state, then written with the value of `newVersion`.
+    def getsAndPuts(store: StateStore, part: Int, seed: Long, newVersion: Int): Unit = {
+      val rnd = new java.util.Random(seed)
+      for (_ <- 0 until updates / Partitions) {
+        val k = rnd.nextInt(keysPerPartition).toLong * Partitions + part
+        require(store.get(key(k)) != null, s"key $k is missing from partition $part")
+        store.put(key(k), value(k, newVersion))
+      }
+    }
+    // Batch `b` after the restart (0: the restart's own) on every partition.
     def batch(b: Int): Long = (0 until Partitions).map { part =>
       pool.submit(new Callable[Long] {
         def call(): Long = if (stage != "full") loadStage(root, part, stage, keysPerPartition)
@@ -268,12 +277,7 @@ object RestartLoad {
           if (opened(part) == null) opened(part) = open(p, root, part)
           val store = opened(part).getStore(version + b)
           val t1 = System.nanoTime()
-          val rnd = new java.util.Random(1000L * (b + 1) + part)
-          for (_ <- 0 until updates / Partitions) {
-            val k = rnd.nextInt(keysPerPartition).toLong * Partitions + part
-            require(store.get(key(k)) != null, s"key $k is missing from partition $part")
-            store.put(key(k), value(k, version + b + 1))
-          }
+          getsAndPuts(store, part, 1000L * (b + 1) + part, version + b + 1)
           val t2 = System.nanoTime()
           store.commit()
           val t3 = System.nanoTime()
@@ -289,7 +293,6 @@ object RestartLoad {
     // commit, whose version the first batch wrote; the last one's phases and wall time.
     val phasesAgain = new Array[Long](2)
     def loadAgain(): Long = {
-      opened.foreach(o => if (o != null) o.close())
       java.util.Arrays.fill(phasesAgain, 0L)
       val t = System.nanoTime()
       (0 until Partitions).map { part =>
@@ -300,12 +303,7 @@ object RestartLoad {
             try {
               val store = provider.getStore(version)
               val t1 = System.nanoTime()
-              val rnd = new java.util.Random(1L + part)
-              for (_ <- 0 until updates / Partitions) {
-                val k = rnd.nextInt(keysPerPartition).toLong * Partitions + part
-                require(store.get(key(k)) != null, s"key $k is missing from partition $part")
-                store.put(key(k), value(k, version + 1))
-              }
+              getsAndPuts(store, part, 1L + part, version + 1)
               val t2 = System.nanoTime()
               store.abort()
               phasesAgain.synchronized {
@@ -326,7 +324,12 @@ object RestartLoad {
         val later = (1 to (if (stage == "full") after else 0)).map { b =>
           val t = System.nanoTime(); batch(b); (System.nanoTime() - t) / 1000000
         }
-        val againWall = if (again > 0 && stage == "full") (1 to again).map(_ => loadAgain()).lastOption else None
+        val againWall =
+          if (again == 0 || stage != "full") None
+          else {
+            opened.foreach(o => if (o != null) o.close()) // the first batch's providers are done
+            (1 to again).map(_ => loadAgain()).lastOption
+          }
         (n, wall, gc, later, againWall)
       } finally pool.shutdown() // a failed partition must not leave the pool's threads keeping the JVM alive
     val what = if (stage == "parse") "records" else "keys"

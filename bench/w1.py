@@ -62,6 +62,7 @@ from _common import (
     StateFiles,
     add_java_option,
     drop_file,
+    file_kind,
     fmt_bytes,
     fmt_ms,
     fmt_ms_fine,
@@ -122,6 +123,16 @@ files 1 and 2, and in an all-provider W5 run at 4M (stop 50, JFR) C2 compiled th
 writer's copying branch in the measured batches 5 to 7 (456 ms), those of the first snapshot that
 copied unchanged buckets."""
 PRETOUCH = "-XX:+AlwaysPreTouch"
+RESTART_JOURNALS = 9
+"""W1's recovery target names a restart with 10 journals after the last snapshot. A store that
+snapshots every 10 versions has at most 9 above its snapshot when it stops, and the restart's own
+batch writes the 10th. So before its fresh-process restarts, a full-size run goes on with lead-in
+batches (not among the measured ones) until a restart would read at least this many journals
+above a snapshot in some store (``--restart-journals``). Without them, where the restart fell in
+each provider's snapshot cycle was chance: in ``w1-stop69a`` HDFS restarted on 0 to 2 deltas above
+its snapshots and heapstate on up to 10, and the target failed by 18 ms."""
+LEAD_IN_MAX = 20
+"""At most this many lead-in batches: twice a snapshot cycle of 10 versions."""
 """The JVM option of ``--pretouch``: the JVM writes each page of heap when it commits it, not
 when the program first uses it, so the kernel's first-touch page faults land when the heap grows
 (at start, or in the GC pause that grows it) instead of in the batches that first use the pages.
@@ -377,6 +388,40 @@ def _run_one_batch(
     return rec
 
 
+def longest_chain(chains: list[dict[str, Any]]) -> int:
+    """The most journals above a snapshot that a restart reads in any one store (0: none)."""
+    return max((c["journals_above"] for c in chains), default=0)
+
+
+def _lead_in(
+    query: Any, spec: dict[str, Any], files: StateFiles, pid: int, first: int
+) -> list[dict[str, Any]]:
+    """Run batches ``first``, ``first + 1`` and so on until a restart would read at least
+    ``restart_journals`` journals above a snapshot in some store (see RESTART_JOURNALS), or
+    LEAD_IN_MAX batches ran; none for a provider that writes no journals (RocksDB without
+    changelog checkpointing). Their records are kept apart from the measured batches'.
+
+    The chains are read from the files after each batch, so a snapshot still being written in the
+    background is not seen yet; the restart records the chains it read (``recovery_chains``)."""
+    state = Path(spec["work_dir"]) / "checkpoint" / "state"
+    records: list[dict[str, Any]] = []
+    if not any(file_kind(f.name) == "journal" for f in state.rglob("*")):
+        progress(f"{_run_name(spec):<18} lead-in: none, the provider writes no journals")
+        return records
+    while longest_chain(recovery_chains(state)) < spec["restart_journals"]:
+        if len(records) == LEAD_IN_MAX:
+            progress(
+                f"{_run_name(spec):<18} lead-in: {LEAD_IN_MAX} batches and no store with "
+                f"{spec['restart_journals']} journals above a snapshot; restarting anyway"
+            )
+            break
+        rec = _run_one_batch(query, spec, first + len(records), files, pid)
+        rec["recovery_chains"] = recovery_chains(state)
+        records.append(rec)
+        progress(_describe(_run_name(spec), f"lead-in batch {rec['batch']}", rec))
+    return records
+
+
 def _describe(provider: str, what: str, rec: dict[str, Any]) -> str:
     return (
         f"{provider:<18} {what}: trigger {fmt_ms(rec['trigger_ms'] or 0)}, "
@@ -454,6 +499,8 @@ def _run_batches(spark: Any, spec: dict[str, Any]) -> dict[str, Any]:
             progress(_describe(_run_name(spec), f"batch {batch}/{spec['batches'] - 1}", rec))
         # Taken while the query is live, so the loaded state stores count.
         result["heap_after"] = jvm_heap_after_gc(spark)
+        if spec.get("restart_journals"):
+            result["lead_in"] = _lead_in(query, spec, files, pid, len(batches))
     finally:
         query.stop()
     result["batches"] = batches
@@ -639,6 +686,7 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         "restart_trigger_ms_each": [r["trigger_ms"] for r in restarts],
         "restart_wall_ms": median([r["wall_ms"] for r in restarts]),
         "restart_load_ms": median([v for v in restart_loads if v is not None]),
+        "restart_lead_in_batches": len(run["lead_in"]) if "lead_in" in run else None,
         "restart_journals_max": maximum(
             [c["journals_above"] for r in restarts for c in r.get("recovery_chains") or []]
         ),
@@ -708,6 +756,11 @@ METRICS = [
     Metric("restart_trigger_ms", "restart: first batch trigger (median)", fmt_ms),
     Metric("restart_wall_ms", "restart: start to first batch (median)", fmt_ms),
     Metric("restart_load_ms", "restart: heapstateLoadMs, all stores (median)", fmt_ms),
+    Metric(
+        "restart_lead_in_batches",
+        "restart: lead-in batches before it",
+        lambda v: f"{v:,.0f}",
+    ),
     Metric(
         "restart_journals_max", "restart: most journals above a snapshot", lambda v: f"{v:,.0f}"
     ),
@@ -905,6 +958,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "batch; the report gives their median (default 1)",
     )
     parser.add_argument(
+        "--restart-journals",
+        type=int,
+        help="before fresh-process restarts, run lead-in batches until a restart reads at least "
+        f"this many journals above a snapshot in some store (default {RESTART_JOURNALS} with "
+        "fresh-process restarts, else 0: off)",
+    )
+    parser.add_argument(
         "--restart-warmup",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -949,6 +1009,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--keys, --payload and --updates must be positive")
     if args.restarts < 1:
         parser.error("--restarts must be at least 1")
+    if args.restart_journals is None:
+        args.restart_journals = RESTART_JOURNALS if args.restart == "fresh-process" else 0
+    elif args.restart_journals < 0:
+        parser.error("--restart-journals must be at least 0")
+    elif args.restart_journals and args.restart != "fresh-process":
+        parser.error("--restart-journals needs --restart fresh-process")
     return args
 
 
@@ -974,13 +1040,15 @@ def run_provider(
     name = _run_name(spec)
     log = log_dir / f"{name}.log"
     restarts = spec["restarts"] if spec["restart"] == "fresh-process" else 0
-    # Each restart is its own fresh JVM and runs the next batch: restart i runs batch batches + i.
-    phases = [("run", "run", {})] + [
-        ("restart", f"restart{i}" if i else "restart", {"restart_batch": spec["batches"] + i})
-        for i in range(restarts)
-    ]
+    # Each restart is its own fresh JVM and runs the next batch: restart i runs batch
+    # batches + (lead-in batches) + i.
     run: dict[str, Any] = {"spark_confs": spec["spark_confs"]}
-    for worker, phase, extra in phases:
+    for i in range(1 + restarts):
+        worker, phase, extra = ("run", "run", {})
+        if i:
+            after = spec["batches"] + len(run.get("lead_in") or [])
+            worker, phase = "restart", f"restart{i - 1}" if i > 1 else "restart"
+            extra = {"restart_batch": after + i - 1}
         phase_spec = {**spec, **extra, "out": str(work_root / f"{name}.{phase}.json")}
         spec_path = _spec_file(work_root, f"{name}.{phase}", phase_spec)
         gc_log = log_dir / f"{name}.{phase}.gc.log"
@@ -1087,7 +1155,12 @@ def main(argv: list[str] | None = None) -> int:
         f"providers {', '.join(p.name for p in providers)}; logs in {log_dir}"
     )
 
-    gen_spec = {**params, "files": args.batches + args.restarts, "data_dir": str(data_dir)}
+    lead_in = LEAD_IN_MAX if args.restart_journals else 0
+    gen_spec = {
+        **params,
+        "files": args.batches + lead_in + args.restarts,
+        "data_dir": str(data_dir),
+    }
     run_worker(
         python,
         SCRIPT,
@@ -1115,6 +1188,7 @@ def main(argv: list[str] | None = None) -> int:
             "provider_confs": provider.spark_confs(),
             "restart": args.restart,
             "restarts": args.restarts,
+            "restart_journals": args.restart_journals,
             "restart_warmup": args.restart_warmup,
             "warmup_batches": args.warmup_batches,
             "warmup_data_dir": warmup_dir,
@@ -1157,6 +1231,11 @@ def main(argv: list[str] | None = None) -> int:
         f"batches={args.batches}, Spark {environment['spark_version']}, "
         f"driver {args.driver_memory}, restart {args.restart}, JVM {args.jvm}"
         + (" after warm-up" if args.restart == "fresh-process" and args.restart_warmup else "")
+        + (
+            f", after lead-in batches to {args.restart_journals} journals"
+            if args.restart_journals
+            else ""
+        )
         + (f", JVM options {' '.join(java_options)}" if java_options else "")
     )
     print_comparison(title, METRICS, summaries)
@@ -1173,6 +1252,9 @@ def main(argv: list[str] | None = None) -> int:
         "restart_mode": args.restart,
         "jvm": args.jvm,
         "restart_warmup": args.restart_warmup and args.restart == "fresh-process",
+        # Lead-in batches ran until a restart read this many journals in some store (0: none ran;
+        # reports before stop 70 have no key and no lead-in).
+        "restart_journals": args.restart_journals,
         "warmup_batches": args.warmup_batches,
         # The warm-up's own data set (see WARMUP_SCALE); None: none, or a report from before it.
         "warmup_data": warmup_shape(params) if args.warmup_batches > 0 else None,

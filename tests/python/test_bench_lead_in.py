@@ -1,0 +1,187 @@
+"""W1's lead-in before its fresh-process restarts (``bench/w1.py``): batches run until a restart
+would read ``--restart-journals`` journals above a snapshot in some store, and the restarts then
+run the batches after them. Real state folders with the providers' file names stand in for the
+query's; no Spark."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+import w1  # bench/ is a folder of scripts, put on the path above
+
+STORES = ("0/0", "0/1", "0/2", "0/3")
+
+
+def _state(tmp_path: Path) -> Path:
+    return tmp_path / "work" / "checkpoint" / "state"
+
+
+def _commit(state: Path, version: int, snapshot_every: int) -> None:
+    """Each store commits ``version`` with a journal (an HDFS delta), and a snapshot at the
+    versions of its own phase in a cycle of ``snapshot_every`` (partition p at p * 3 mod it)."""
+    for p, store in enumerate(STORES):
+        folder = state / store
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{version}.delta").write_bytes(b"d")
+        if version % snapshot_every == (p * 3) % snapshot_every:
+            (folder / f"{version}.snapshot").write_bytes(b"s")
+
+
+def _fake_batches(monkeypatch: pytest.MonkeyPatch, state: Path, snapshot_every: int) -> list[int]:
+    """Replace the query's batch with one that commits the batch's version (batch + 1) in
+    every store; returns the list the batch ids it ran go to."""
+    ran: list[int] = []
+
+    def run_one_batch(query: Any, spec: dict[str, Any], batch: int, files: Any, pid: int):
+        ran.append(batch)
+        _commit(state, batch + 1, snapshot_every)
+        return {
+            "batch": batch,
+            "trigger_ms": 10,
+            "commit_ms": 1,
+            "state_bytes_new": 1,
+            "state_bytes_total": 1,
+            "memory_used_bytes": 1,
+        }
+
+    monkeypatch.setattr(w1, "_run_one_batch", run_one_batch)
+    return ran
+
+
+def _chains_longest(state: Path) -> int:
+    return w1.longest_chain(w1.recovery_chains(state))
+
+
+def test_lead_in_stops_at_the_first_batch_that_leaves_enough_journals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = _state(tmp_path)
+    for version in range(1, 31):  # the measured batches 0 to 29
+        _commit(state, version, 10)
+    before = _chains_longest(state)
+    ran = _fake_batches(monkeypatch, state, 10)
+    spec = {"work_dir": str(tmp_path / "work"), "restart_journals": 9, "provider": "hdfs"}
+
+    records = w1._lead_in(None, spec, None, 0, 30)
+
+    # Partition 1 snapshots at versions 3, 13, 23 and 33: 24 to 30 lie above 23, and batch 31
+    # commits version 32, the ninth.
+    assert before == 7
+    assert ran == [30, 31] and [r["batch"] for r in records] == [30, 31]
+    assert [w1.longest_chain(r["recovery_chains"]) for r in records] == [8, 9]
+    assert records[-1]["recovery_chains"] == w1.recovery_chains(state)
+
+
+def test_no_lead_in_when_a_store_already_has_enough_journals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = _state(tmp_path)
+    for version in range(1, 31):
+        _commit(state, version, 10)
+    ran = _fake_batches(monkeypatch, state, 10)
+    spec = {"work_dir": str(tmp_path / "work"), "restart_journals": 7, "provider": "hdfs"}
+
+    assert w1._lead_in(None, spec, None, 0, 30) == []
+    assert ran == []
+
+
+def test_no_lead_in_for_a_provider_without_journals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = _state(tmp_path)
+    for store in STORES:  # RocksDB without changelog: a zip each version
+        (state / store).mkdir(parents=True)
+        for version in range(1, 31):
+            (state / store / f"{version}.zip").write_bytes(b"z")
+    ran = _fake_batches(monkeypatch, state, 1)
+    spec = {"work_dir": str(tmp_path / "work"), "restart_journals": 9, "provider": "rocksdb"}
+
+    assert w1._lead_in(None, spec, None, 0, 30) == []
+    assert ran == []
+    assert "lead-in: none, the provider writes no journals" in capsys.readouterr().err
+
+
+def test_lead_in_gives_up_after_its_most_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = _state(tmp_path)
+    _commit(state, 1, 1)
+    ran = _fake_batches(monkeypatch, state, 1)  # a snapshot every version: never a journal above
+    spec = {"work_dir": str(tmp_path / "work"), "restart_journals": 9, "provider": "rocksdb"}
+
+    records = w1._lead_in(None, spec, None, 0, 30)
+
+    assert ran == list(range(30, 30 + w1.LEAD_IN_MAX))
+    assert len(records) == w1.LEAD_IN_MAX
+    assert "20 batches and no store with 9 journals above a snapshot" in capsys.readouterr().err
+
+
+def test_restarts_run_the_batches_after_the_lead_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Restart i runs batch batches + (lead-in batches) + i: each restart's data file is the
+    next one, never one a batch already took."""
+    restart_batches: list[int] = []
+
+    def run_worker(python: str, script: Path, argv: list[str], log: Path, env: Any) -> None:
+        spec = json.loads(Path(argv[argv.index("--spec") + 1]).read_text())
+        if argv[argv.index("--worker") + 1] == "run":
+            result = {"batches": [{"batch": b} for b in range(30)], "lead_in": [{}, {}, {}]}
+        else:
+            restart_batches.append(spec["restart_batch"])
+            result = {"restart": {"batch": spec["restart_batch"]}}
+        Path(spec["out"]).write_text(json.dumps(result))
+
+    monkeypatch.setattr(w1, "run_worker", run_worker)
+    spec = {
+        "provider": "hdfs",
+        "batches": 30,
+        "restart": "fresh-process",
+        "restarts": 3,
+        "spark_confs": {},
+    }
+
+    run = w1.run_provider("python", spec, tmp_path, tmp_path, "1g", [])
+
+    assert restart_batches == [33, 34, 35]
+    assert [r["batch"] for r in run["restarts"]] == [33, 34, 35]
+    assert len(run["lead_in"]) == 3
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--size", "full"], w1.RESTART_JOURNALS),
+        (["--size", "full", "--restart-journals", "0"], 0),
+        (["--size", "full", "--restart", "same-process", "--jvm", "shared"], 0),
+        (["--size", "small"], 0),
+    ],
+)
+def test_restart_journals_default_to_the_target_only_for_fresh_process_restarts(
+    argv: list[str], expected: int
+) -> None:
+    assert w1.parse_args(argv).restart_journals == expected
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--restart-journals", "-1"], "--restart-journals must be at least 0"),
+        (["--restart-journals", "9"], "--restart-journals needs --restart fresh-process"),
+    ],
+)
+def test_a_bad_restart_journals_is_refused(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        w1.parse_args(argv)
+    assert message in capsys.readouterr().err

@@ -79,6 +79,26 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     p.close()
   }
 
+  test("rows get returned before a commit, held across it: as its scaladoc says") {
+    val p = provider(tempDir())
+    val s0 = p.getStore(0, None, false, false)
+    for (k <- 0 until 4) put(s0, k, 100L + k)
+    assert(s0.commit() == 1)
+    val s1 = p.getStore(1, None, false, false)
+    val untouched = s1.get(row(0), CF) // from the live state; the commit does not write key 0
+    val rewritten = s1.get(row(1), CF) // from the live state; the commit writes key 1 in place
+    put(s1, 1, 11)
+    put(s1, 2, 12)
+    val pending = s1.get(row(2), CF) // from the batch's changes
+    assert(Seq(untouched, rewritten, pending).map(_.getLong(0)) == Seq(100L, 101L, 12L))
+    assert(s1.commit() == 2)
+    // After the commit: the key's newest value where the commit wrote it in place, the value as it
+    // was elsewhere; and each still reads a whole value of its own key's.
+    assert(Seq(untouched, rewritten, pending).map(_.getLong(0)) == Seq(100L, 11L, 12L))
+    assert(contents(p.getReadStore(2, None)) == Map(0L -> 100L, 1L -> 11L, 2L -> 12L, 3L -> 103L))
+    p.close()
+  }
+
   test("abort discards the batch, and the version can be written again") {
     val p = provider(tempDir())
     val s0 = p.getStore(0, None, false, false); put(s0, 1, 1); s0.commit()

@@ -33,8 +33,8 @@ lazy val root = (project in file("."))
     javacOptions ++= Seq("--release", "17"),
     // `-Ydelambdafy:inline`: a lambda is a class in the jar, not one the JVM spins (with the JDK's
     // ASM, interpreted at first) when its call site first runs. A restart's first batch runs some
-    // 50 of heapstate's lambda sites for the first time; RestartLoad's cold batch went from a
-    // median of 476 to 447 ms over 16 fresh JVMs each (stop 70).
+    // 43 of heapstate's lambda sites for the first time; RestartLoad's cold batch went from a
+    // median of 461 to 428 ms over 34 fresh JVMs each (stop 70).
     scalacOptions ++= Seq("-release", "17", "-deprecation", "-feature", "-unchecked", "-Ydelambdafy:inline"),
     Compile / packageBin / artifactPath := target.value / "heapstate.jar",
     Test / fork := true,

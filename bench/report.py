@@ -214,6 +214,15 @@ def _warmup(report: dict[str, Any]) -> str:
     return f", {n} warm-up batches in each run's JVM first{data}"
 
 
+def _lead_in(report: dict[str, Any]) -> str:
+    """The heading's words for W1's lead-in before its restarts (``--restart-journals``), or none:
+    reports from before stop 70, and runs without a lead-in, say nothing."""
+    n = report.get("restart_journals") or 0
+    if not n:
+        return ""
+    return f" after lead-in batches until a restart reads {n} journals in some store"
+
+
 def _rounds(report: dict[str, Any]) -> str:
     """The heading's words for W5's ``--repeat``: nothing for one round (and older reports)."""
     n = report.get("repeat") or 1
@@ -240,7 +249,8 @@ def w1_section(report: dict[str, Any], path: Path) -> list[str]:
             f"`{path.name}`): K={p['keys']:,} keys, {p['payload']}-character payloads, "
             f"{p['updates']:,} keys updated per batch, {p['batches']} batches, "
             f"maintenance interval {', '.join(sorted(intervals)) or 'Spark default'}, "
-            f"driver heap {report.get('driver_memory')}, restart {restart}{_warmup(report)}. "
+            f"driver heap {report.get('driver_memory')}, restart {restart}{_lead_in(report)}"
+            f"{_warmup(report)}. "
             "Ratios are against HDFS; every figure is lower-is-better."
         ),
         "",

@@ -123,20 +123,20 @@ files 1 and 2, and in an all-provider W5 run at 4M (stop 50, JFR) C2 compiled th
 writer's copying branch in the measured batches 5 to 7 (456 ms), those of the first snapshot that
 copied unchanged buckets."""
 PRETOUCH = "-XX:+AlwaysPreTouch"
+"""The JVM option of ``--pretouch``: the JVM writes each page of heap when it commits it, not
+when the program first uses it, so the kernel's first-touch page faults land when the heap grows
+(at start, or in the GC pause that grows it) instead of in the batches that first use the pages.
+Off by default: the default measures as BENCHMARKS.md's reference figures did."""
 RESTART_JOURNALS = 9
 """W1's recovery target names a restart with 10 journals after the last snapshot. A store that
 snapshots every 10 versions has at most 9 above its snapshot when it stops, and the restart's own
-batch writes the 10th. So before its fresh-process restarts, a full-size run goes on with lead-in
+batch writes the 10th. So before fresh-process restarts, a run goes on with lead-in
 batches (not among the measured ones) until a restart would read at least this many journals
 above a snapshot in some store (``--restart-journals``). Without them, where the restart fell in
 each provider's snapshot cycle was chance: in ``w1-stop69a`` HDFS restarted on 0 to 2 deltas above
 its snapshots and heapstate on up to 10, and the target failed by 18 ms."""
 LEAD_IN_MAX = 20
 """At most this many lead-in batches: twice a snapshot cycle of 10 versions."""
-"""The JVM option of ``--pretouch``: the JVM writes each page of heap when it commits it, not
-when the program first uses it, so the kernel's first-touch page faults land when the heap grows
-(at start, or in the GC pause that grows it) instead of in the batches that first use the pages.
-Off by default: the default measures as BENCHMARKS.md's reference figures did."""
 
 
 def add_jvm_arguments(parser: argparse.ArgumentParser, heap_example: str) -> None:
@@ -1042,13 +1042,15 @@ def run_provider(
     restarts = spec["restarts"] if spec["restart"] == "fresh-process" else 0
     # Each restart is its own fresh JVM and runs the next batch: restart i runs batch
     # batches + (lead-in batches) + i.
+    phases = [("run", "run")] + [
+        ("restart", f"restart{i}" if i else "restart") for i in range(restarts)
+    ]
     run: dict[str, Any] = {"spark_confs": spec["spark_confs"]}
-    for i in range(1 + restarts):
-        worker, phase, extra = ("run", "run", {})
-        if i:
+    for index, (worker, phase) in enumerate(phases):
+        extra = {}
+        if worker == "restart":  # the run's result, with its lead-in, is in by now
             after = spec["batches"] + len(run.get("lead_in") or [])
-            worker, phase = "restart", f"restart{i - 1}" if i > 1 else "restart"
-            extra = {"restart_batch": after + i - 1}
+            extra = {"restart_batch": after + index - 1}
         phase_spec = {**spec, **extra, "out": str(work_root / f"{name}.{phase}.json")}
         spec_path = _spec_file(work_root, f"{name}.{phase}", phase_spec)
         gc_log = log_dir / f"{name}.{phase}.gc.log"

@@ -408,6 +408,23 @@ def test_w1_heading_names_the_warmup() -> None:
     )
 
 
+def test_w1_heading_names_the_lead_in_before_the_restart() -> None:
+    led = {**W1, "restart_mode": "fresh-process", "restart_journals": 9, "warmup_batches": 30}
+    assert report.w1_section(led, Path("w1.json"))[0].endswith(
+        "driver heap 1g, restart in a fresh JVM after lead-in batches until a restart reads 9 "
+        "journals in some store, 30 warm-up batches in each run's JVM first. "
+        "Ratios are against HDFS; every figure is lower-is-better."
+    )
+    none = report.w1_section({**led, "restart_journals": 0}, Path("w1.json"))[0]
+    assert (
+        none
+        == report.w1_section(
+            {**W1, "restart_mode": "fresh-process", "warmup_batches": 30}, Path("w1.json")
+        )[0]
+    )
+    assert "lead-in" not in none
+
+
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [

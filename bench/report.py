@@ -310,7 +310,7 @@ def _target_line(target: dict[str, Any]) -> str:
     elif _GROWTH_TARGET.search(name):
         fmt = "{:.2f}x".format
     detail = f" ({fmt(value)} against {fmt(limit)})" if value is not None and limit else ""
-    detail += slowest_batch_detail(target)
+    detail += slowest_batch_detail(target) + target.get("detail", "")
     return f"- {verdict}: {name}{detail}"
 
 

@@ -93,7 +93,7 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     assert(Seq(untouched, rewritten, pending).map(_.getLong(0)) == Seq(100L, 101L, 12L))
     assert(s1.commit() == 2)
     // After the commit: the key's newest value where the commit wrote it in place, the value as it
-    // was elsewhere; and each still reads a whole value of its own key's.
+    // was elsewhere.
     assert(Seq(untouched, rewritten, pending).map(_.getLong(0)) == Seq(100L, 11L, 12L))
     assert(contents(p.getReadStore(2, None)) == Map(0L -> 100L, 1L -> 11L, 2L -> 12L, 3L -> 103L))
     p.close()

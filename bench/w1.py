@@ -409,7 +409,8 @@ def _lead_in(
     if not any(file_kind(f.name) == "journal" for f in state.rglob("*")):
         progress(f"{_run_name(spec):<18} lead-in: none, the provider writes no journals")
         return records
-    while longest_chain(recovery_chains(state)) < spec["restart_journals"]:
+    chains = recovery_chains(state)
+    while longest_chain(chains) < spec["restart_journals"]:
         if len(records) == LEAD_IN_MAX:
             progress(
                 f"{_run_name(spec):<18} lead-in: {LEAD_IN_MAX} batches and no store with "
@@ -417,7 +418,7 @@ def _lead_in(
             )
             break
         rec = _run_one_batch(query, spec, first + len(records), files, pid)
-        rec["recovery_chains"] = recovery_chains(state)
+        chains = rec["recovery_chains"] = recovery_chains(state)
         records.append(rec)
         progress(_describe(_run_name(spec), f"lead-in batch {rec['batch']}", rec))
     return records

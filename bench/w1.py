@@ -675,6 +675,8 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         "commit_report_ms_median": commit_part("heapstateCommitReportMicros"),
         # Of the store's part, the time its threads ran (not waiting for a core or the disk).
         "commit_store_cpu_ms_median": commit_part("heapstateCommitStoreCpuMicros"),
+        # And the time its threads were ready to run but waited for a core (Linux's schedstat).
+        "commit_store_run_queue_ms_median": commit_part("heapstateCommitStoreRunQueueMicros"),
         "memory_used_bytes": batches[-1]["memory_used_bytes"] if batches else None,
         "heap_retained_bytes": heap_after,
         "heap_retained_over_baseline_bytes": (
@@ -753,6 +755,7 @@ METRICS = [
     Metric("commit_store_ms_median", "  of the commit, in heapstate's store (median)", fmt_ms_fine),
     Metric("commit_report_ms_median", "  of it, the coordinator report (median)", fmt_ms_fine),
     Metric("commit_store_cpu_ms_median", "  CPU time of the store's part (median)", fmt_ms_fine),
+    Metric("commit_store_run_queue_ms_median", "  waiting for a core in the store's part (median)", fmt_ms_fine),
     Metric("memory_used_bytes", "memoryUsedBytes (last batch)", fmt_bytes),
     Metric("heap_retained_bytes", "heap after full GC", fmt_bytes),
     Metric("heap_retained_over_baseline_bytes", "  of which since query start", fmt_bytes),

@@ -176,29 +176,32 @@ def test_the_readme_target_line_names_the_slowest_batch() -> None:
 def test_the_commit_split_is_the_median_of_heapstates_commit_metrics() -> None:
     batches = [_batch(b, 1000 * b, 300) for b in range(6)]
     parts = [
-        (90_000, 1_000, 50_000),
-        (80_000, 2_000, 40_000),
-        (4_000, 12_000, 2_000),
-        (6_000, 9_500, 3_500),
-        (5_000, 300, 2_500),
-        (7_500, 800, 1_000),
+        (90_000, 1_000, 50_000, 30_000),
+        (80_000, 2_000, 40_000, 30_000),
+        (4_000, 12_000, 2_000, 1_500),
+        (6_000, 9_500, 3_500, 200),
+        (5_000, 300, 2_500, 900),
+        (7_500, 800, 1_000, 6_000),
     ]
-    for b, (store, report, cpu) in zip(batches, parts):
+    for b, (store, report, cpu, queued) in zip(batches, parts):
         b["custom_metrics"] = {
             "heapstateCommitStoreMicros": store,
             "heapstateCommitReportMicros": report,
             "heapstateCommitStoreCpuMicros": cpu,
+            "heapstateCommitStoreRunQueueMicros": queued,
         }
     summary = w1.summarize({"batches": batches, "gc_pauses": []})
     # Batches 2 to 5 only, in ms: the store's 4, 6, 5 and 7.5, the report's 12, 9.5, 0.3 and 0.8,
-    # the store's CPU 2, 3.5, 2.5 and 1.
+    # the store's CPU 2, 3.5, 2.5 and 1, its wait for a core 1.5, 0.2, 0.9 and 6.
     assert summary["commit_store_ms_median"] == 5.5
     assert summary["commit_report_ms_median"] == (0.8 + 9.5) / 2
     assert summary["commit_store_cpu_ms_median"] == 2.25
+    assert summary["commit_store_run_queue_ms_median"] == 1.2
     # A provider without them (HDFS, RocksDB) has no split, not a zero one.
     plain = w1.summarize({"batches": [_batch(b, 1000 * b, 300) for b in range(6)], "gc_pauses": []})
     assert plain["commit_store_ms_median"] is None and plain["commit_report_ms_median"] is None
     assert plain["commit_store_cpu_ms_median"] is None
+    assert plain["commit_store_run_queue_ms_median"] is None
 
 
 def test_proc_counters_are_read_past_the_command_name() -> None:

@@ -526,10 +526,28 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     // (the two clocks differ in granularity, by well under a millisecond).
     val cpu = m.customMetrics(HeapStateStoreProvider.CommitStoreCpuTime)
     assert(cpu > 0 && cpu <= stored + 1000, (cpu, stored))
+    // And the time it waited for a core: none of what it ran; a part of the wall time (same clocks).
+    val queued = m.customMetrics(HeapStateStoreProvider.CommitStoreRunQueueTime)
+    assert(queued >= 0 && queued + cpu <= stored + 1000, (queued, cpu, stored))
     assert(m.numKeys == 1000)
     // 1000 keys of 16 + 16 bytes of row data; the estimate includes per-entry overhead.
     assert(m.memoryUsedBytes >= 1000L * 32 && m.memoryUsedBytes <= 1000L * 200, m.memoryUsedBytes)
     assert(HeapStateStoreProvider.CustomMetrics.forall(m.customMetrics.contains))
+  }
+
+  test("a thread's wait for a core is read from Linux's schedstat, and grows while more threads run than cores") {
+    assume(new java.io.File("/proc/thread-self/schedstat").canRead, "Linux's per-thread schedstat is not readable here")
+    val before = HeapStateStoreProvider.threadRunQueueNanos()
+    // Twice as many spinning threads as processors, this one among them: each waits about half the time.
+    val cores = Runtime.getRuntime.availableProcessors
+    val until = System.nanoTime() + 300L * 1000 * 1000
+    def spin(): Long = { var n = 0L; while (System.nanoTime() < until) n += 1; n }
+    val others = (1 until 2 * cores).map(_ => new Thread(() => { spin(); () }))
+    others.foreach(_.start())
+    spin()
+    others.foreach(_.join())
+    val waited = HeapStateStoreProvider.threadRunQueueNanos() - before
+    assert(waited > 20L * 1000 * 1000, s"waited $waited ns for a core in 300 ms among ${2 * cores} spinning threads")
   }
 
   test("every heapstate key is validated in init, naming the key and the allowed values") {

@@ -23,11 +23,15 @@ class SnapshotPacerSuite extends AnyFunSuite {
     val parks = scala.collection.mutable.ArrayBuffer.empty[Long]
     private val abandonIt = () => abandonNow || parks.length >= abandonAfterParks
     private val parkIt = (n: Long) => { parks += n; now += n }
+    /** What the pacer counted as written beside busy tasks, past its budget for waiting. */
+    var beside = 0L
     val pacer = restWhenIdle match {
       case Some(rest) =>
-        new SnapshotPacer(dutyCycle, abandonIt, () => now, parkIt, () => cpu, () => now < busyUntil, rest)
+        new SnapshotPacer(dutyCycle, abandonIt, () => now, parkIt, () => cpu, () => now < busyUntil, rest,
+          n => beside += n)
       case None => // the default, which follows StateEngine.taskPluginActive
-        new SnapshotPacer(dutyCycle, abandonIt, () => now, parkIt, () => cpu, () => now < busyUntil)
+        new SnapshotPacer(dutyCycle, abandonIt, () => now, parkIt, () => cpu, () => now < busyUntil,
+          besideTasks = n => beside += n)
     }
     /** Works `ms` milliseconds of CPU, after waiting `waitedMs` for a core, then reports `bytes` written. */
     def work(ms: Long, bytes: Int = MiB, waitedMs: Long = 0): Unit = {
@@ -124,6 +128,21 @@ class SnapshotPacerSuite extends AnyFunSuite {
     rig.work(10)
     assert(rig.now == 180 * Ms, "180 ms for two chunks that take 60 ms with no commit running: three times as long")
     assert(rig.parks.count(_ == Ms) == 120)
+  }
+
+  test("bytes written while the tasks are busy and the budget is spent are counted; those before it ran out are not") {
+    val rig = new Rig(1.0 / 3)
+    rig.busyUntil = Long.MaxValue
+    rig.work(10, 1000) // room in the budget: the chunk ends, rests 20 ms, and waits until the budget is spent
+    assert(rig.beside == 0 && rig.now == 90 * Ms)
+    rig.work(0, 2000) // spent, at the same instant: written beside the tasks, and counted
+    rig.work(0, 3000)
+    assert(rig.beside == 5000)
+    rig.work(3, 4000) // 3 ms later the budget has 2 ms of room again: the chunk ends and waits, uncounted
+    assert(rig.beside == 5000 && rig.now > 93 * Ms)
+    rig.busyUntil = 0
+    rig.work(0, 6000)
+    assert(rig.beside == 5000, "idle tasks: not counted")
   }
 
   test("a snapshot waiting for a commit gives up when a task needs the state") {

@@ -372,6 +372,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
      * the CPU time its thread used in the engine (the wall time less any wait for a core or a disk).
      */
     private var storeMicros, reportMicros, storeCpuMicros = 0L
+    /** Of [[storeMicros]], the time its thread was ready to run but waited for a core (Linux; else 0). */
+    private var storeRunQueueMicros = 0L
     /** The live state's rebuilds from files when this store was made (after its `ensureAt`). */
     private val rebuilds = engine.rebuildsFromFiles
     /** Whether no row read from the live state needs checking (see [[checkRowFormat]]). */
@@ -496,6 +498,7 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       val newId = if (checkpointIds) Some(java.util.UUID.randomUUID().toString) else None
       val started = System.nanoTime()
       val cpuStarted = threadCpuNanos()
+      val queuedStarted = threadRunQueueNanos()
       // The report to the coordinator counts as part of the commit, for the background snapshot
       // to yield to (see SnapshotPacer): it is a call to the driver, whose threads need a core to
       // answer it. In two of six W1 runs, reports made while a snapshot was written took 2 to 3.5
@@ -505,6 +508,7 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
             committed = engine.commit(version, changes, uniqueId, newId)
             val stored = System.nanoTime()
             storeCpuMicros = (threadCpuNanos() - cpuStarted) / 1000
+            storeRunQueueMicros = (threadRunQueueNanos() - queuedStarted) / 1000
             phase = Committed
             changes.release() // the live state and the undo log hold what they need of it
             if (storeConf.commitValidationEnabled) reportCommit(committed.version, storeId, hadoopConf)
@@ -545,8 +549,10 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
           CommitStoreTime -> storeMicros,
           CommitReportTime -> reportMicros,
           CommitStoreCpuTime -> storeCpuMicros,
+          CommitStoreRunQueueTime -> storeRunQueueMicros,
           BucketsPending -> engine.bucketsPending,
-          BucketsCopied -> engine.snapshotBucketsReused
+          BucketsCopied -> engine.snapshotBucketsReused,
+          SnapshotBytesBesideTasks -> engine.snapshotBytesBesideTasks
         )
       )
     }
@@ -652,6 +658,12 @@ object HeapStateStoreProvider {
       "heapstate: snapshot buckets copied from the store's previous snapshot instead of compressed again, since the store was opened, summed over partitions"
     )
 
+  val SnapshotBytesBesideTasks: StateStoreCustomMetric =
+    StateStoreCustomSumMetric(
+      "heapstateSnapshotBytesBesideTasks",
+      "heapstate: bytes of background snapshots written while tasks were busy, their budget for waiting for them spent, since the store was opened, summed over partitions"
+    )
+
   /**
    * Where a commit's time goes. Spark's `commitTimeMs` is the whole of `commit`: the store's own
    * work (journal, table, undo log), then the report to Spark's state store coordinator, a call to
@@ -677,15 +689,75 @@ object HeapStateStoreProvider {
       "heapstate: CPU microseconds its commits used in the store (its part of heapstateCommitStoreMicros spent running), summed over partitions"
     )
 
+  /**
+   * Of the store's part of the commit ([[CommitStoreTime]]), the time its thread was ready to run
+   * but waited for a core, which Linux counts per thread (the second figure of
+   * `/proc/thread-self/schedstat`). With [[CommitStoreCpuTime]] it splits the store's part in
+   * three: running, waiting for a core, and blocked (on the disk or a lock). Zero where the
+   * system does not count it.
+   */
+  val CommitStoreRunQueueTime: StateStoreCustomMetric =
+    StateStoreCustomSumMetric(
+      "heapstateCommitStoreRunQueueMicros",
+      "heapstate: microseconds its commits were ready to run in the store but waited for a core (Linux only; else 0), summed over partitions"
+    )
+
   val CustomMetrics: Seq[StateStoreCustomMetric] = Seq(
-    JournalBytes, KeysWritten, UpdatesSquashed, SnapshotLag, LoadTime, BucketsPending, BucketsCopied,
-    CommitStoreTime, CommitReportTime, CommitStoreCpuTime)
+    JournalBytes,
+    KeysWritten,
+    UpdatesSquashed,
+    SnapshotLag,
+    LoadTime,
+    BucketsPending,
+    BucketsCopied,
+    SnapshotBytesBesideTasks,
+    CommitStoreTime,
+    CommitReportTime,
+    CommitStoreCpuTime,
+    CommitStoreRunQueueTime
+  )
 
   private val threadClock = java.lang.management.ManagementFactory.getThreadMXBean
   private val hasThreadClock = threadClock.isCurrentThreadCpuTimeSupported && threadClock.isThreadCpuTimeEnabled
 
   /** The current thread's CPU time in nanoseconds, or 0 without a per-thread CPU clock. */
   private def threadCpuNanos(): Long = if (hasThreadClock) threadClock.getCurrentThreadCpuTime else 0L
+
+  /** Whether Linux's per-thread scheduler figures can be read; turned off at the first failure. */
+  @volatile private var hasSchedstat = new java.io.File("/proc/thread-self/schedstat").canRead
+
+  /**
+   * Each thread's own `/proc/thread-self/schedstat`, opened once (it names the thread that opened
+   * it) and read again from its start at every call, with a buffer for its line.
+   */
+  private val schedstat = new ThreadLocal[(java.io.RandomAccessFile, Array[Byte])]
+
+  /**
+   * The current thread's time ready to run but waiting for a core, in nanoseconds: the second
+   * figure of Linux's `/proc/thread-self/schedstat` (time on a core, time waiting on a run queue,
+   * time slices). 0 where it cannot be read.
+   */
+  private[heapstate] def threadRunQueueNanos(): Long = if (!hasSchedstat) 0L
+  else {
+    try {
+      var open = schedstat.get()
+      if (open == null) {
+        open = (new java.io.RandomAccessFile("/proc/thread-self/schedstat", "r"), new Array[Byte](96))
+        schedstat.set(open)
+      }
+      val (file, buf) = open
+      file.seek(0)
+      val n = file.read(buf)
+      var i = 0
+      while (i < n && buf(i) != ' ') i += 1 // the time on a core
+      i += 1
+      var queued = 0L
+      while (i < n && buf(i) >= '0' && buf(i) <= '9') { queued = queued * 10 + (buf(i) - '0'); i += 1 }
+      queued
+    } catch {
+      case NonFatal(_) => hasSchedstat = false; 0L
+    }
+  }
 
   /** Extracts the prefix key's bytes from a key's bytes (a projection per thread: they keep buffers). */
   private def prefixExtractor(keySchema: StructType, numColsPrefixKey: Int): Array[Byte] => Key = {

@@ -90,7 +90,8 @@ final class SnapshotPacer(
     park: Long => Unit = java.util.concurrent.locks.LockSupport.parkNanos(_: Long),
     cpuClock: () => Long = SnapshotPacer.threadCpuClock,
     busy: () => Boolean = () => StateEngine.tasksBusy,
-    restWhenIdle: Boolean = !StateEngine.taskPluginActive) {
+    restWhenIdle: Boolean = !StateEngine.taskPluginActive,
+    besideTasks: Long => Unit = _ => ()) {
   require(dutyCycle > 0 && dutyCycle <= 1, s"a duty cycle in (0, 1], not $dutyCycle")
   private var bytes = 0L
   /** Whether a write of the chunk under way found the tasks busy. */
@@ -104,12 +105,15 @@ final class SnapshotPacer(
   /**
    * Counts `n` bytes written; pauses after each chunk, or sooner when the tasks are busy and the
    * budget allows waiting for them, and throws [[SnapshotPacer.Abandoned]] when `abandon()`.
+   * Bytes written while the tasks are busy and the budget has no room go to `besideTasks`.
    */
   def wrote(n: Int): Unit = {
     bytes += n
     val tasks = busy()
     busySeen ||= tasks
-    if (bytes >= SnapshotPacer.Chunk || (tasks && mayYield(clock()))) {
+    val waits = tasks && mayYield(clock())
+    if (tasks && !waits) besideTasks(n)
+    if (bytes >= SnapshotPacer.Chunk || waits) {
       if (abandon()) throw new SnapshotPacer.Abandoned
       if (busySeen || restWhenIdle) {
         val rest = ((cpuClock() - chunkCpu) / dutyCycle).toLong - (clock() - chunkStarted)
@@ -436,6 +440,14 @@ final class StateEngine(
     (if (reuseBase == null) 0L else reuseBase.touched.heapBytes) + (if (tracking == null) 0L else tracking.heapBytes)
   }
   @volatile private var bucketsReused = 0L
+  private val bytesBesideTasks = new java.util.concurrent.atomic.AtomicLong()
+
+  /**
+   * Bytes (entries collected, buckets written) of this engine's background snapshots written
+   * while the tasks were busy, because the snapshot had used up its budget for waiting for them
+   * (see [[SnapshotPacer]]): the snapshot work that competed with the tasks for the cores.
+   */
+  def snapshotBytesBesideTasks: Long = bytesBesideTasks.get
   /** How many snapshot buckets this engine copied from an earlier snapshot instead of compressing them. */
   def snapshotBucketsReused: Long = bucketsReused
   @volatile private var snapshotsOfChanged = 0L
@@ -703,7 +715,9 @@ final class StateEngine(
         from = base.flatMap(openReuseBase)
         val pace: Int => Unit =
           if (force) _ => ()
-          else new SnapshotPacer(SnapshotPacer.DefaultDutyCycle, () => snapshotLockWanted).wrote
+          else
+            new SnapshotPacer(SnapshotPacer.DefaultDutyCycle, () => snapshotLockWanted,
+              besideTasks = n => bytesBesideTasks.addAndGet(n)).wrote
         var writer: SnapshotFileWriter = null
         def write(reuse: BucketReuse, only: BucketSet): Long = {
           // The view emits each key of version `s` once, and rarely one a commit changes meanwhile

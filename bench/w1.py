@@ -755,7 +755,11 @@ METRICS = [
     Metric("commit_store_ms_median", "  of the commit, in heapstate's store (median)", fmt_ms_fine),
     Metric("commit_report_ms_median", "  of it, the coordinator report (median)", fmt_ms_fine),
     Metric("commit_store_cpu_ms_median", "  CPU time of the store's part (median)", fmt_ms_fine),
-    Metric("commit_store_run_queue_ms_median", "  waiting for a core in the store's part (median)", fmt_ms_fine),
+    Metric(
+        "commit_store_run_queue_ms_median",
+        "  waiting for a core in the store's part (median)",
+        fmt_ms_fine,
+    ),
     Metric("memory_used_bytes", "memoryUsedBytes (last batch)", fmt_bytes),
     Metric("heap_retained_bytes", "heap after full GC", fmt_bytes),
     Metric("heap_retained_over_baseline_bytes", "  of which since query start", fmt_bytes),

@@ -62,8 +62,7 @@ final case class EngineSettings(
  * in between: while Spark's driver plans the next batch and writes its logs, and while stateless
  * stages leave a core free. With [[heapstate.TaskActivityPlugin]] registered, tasks that write no
  * store count too, once they hold every core: otherwise a snapshot runs beside a stateless stage
- * that needs both cores, as W1's scan does (README, stop 39). G1's concurrent marking counts as
- * busy tasks too, where Linux shows its threads ([[ConcurrentMarking]]). So that a JVM whose tasks are
+ * that needs both cores, as W1's scan does (README, stop 39). So that a JVM whose tasks are
  * always busy still gets its snapshots, the waiting is on a budget: it stops once the snapshot
  * has spent [[SnapshotPacer.MaxYieldShare]] of its wall time waiting, which makes it at most
  * three times slower than its duty cycle alone; a chunk past that budget runs to its MiB.
@@ -90,7 +89,7 @@ final class SnapshotPacer(
     clock: () => Long = () => System.nanoTime(),
     park: Long => Unit = java.util.concurrent.locks.LockSupport.parkNanos(_: Long),
     cpuClock: () => Long = SnapshotPacer.threadCpuClock,
-    busy: () => Boolean = () => StateEngine.tasksBusy || ConcurrentMarking.running(),
+    busy: () => Boolean = () => StateEngine.tasksBusy,
     restWhenIdle: Boolean = !StateEngine.taskPluginActive,
     besideTasks: Long => Unit = _ => ()) {
   require(dutyCycle > 0 && dutyCycle <= 1, s"a duty cycle in (0, 1], not $dutyCycle")

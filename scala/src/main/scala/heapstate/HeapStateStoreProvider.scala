@@ -497,8 +497,8 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       requireWritable("commit")
       val newId = if (checkpointIds) Some(java.util.UUID.randomUUID().toString) else None
       val started = System.nanoTime()
-      val cpuStarted = threadCpuNanos()
-      val queuedStarted = threadRunQueueNanos()
+      val cpuStarted = ThreadClocks.cpuNanos()
+      val queuedStarted = ThreadClocks.runQueueNanos()
       // The report to the coordinator counts as part of the commit, for the background snapshot
       // to yield to (see SnapshotPacer): it is a call to the driver, whose threads need a core to
       // answer it. In two of six W1 runs, reports made while a snapshot was written took 2 to 3.5
@@ -506,9 +506,13 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       val stored =
         try StateEngine.committing {
             committed = engine.commit(version, changes, uniqueId, newId)
+            // The thread's clocks are read inside the wall time's interval, at both ends.
+            val cpuEnded = ThreadClocks.cpuNanos()
+            val queuedEnded = ThreadClocks.runQueueNanos()
             val stored = System.nanoTime()
-            storeCpuMicros = (threadCpuNanos() - cpuStarted) / 1000
-            storeRunQueueMicros = (threadRunQueueNanos() - queuedStarted) / 1000
+            storeCpuMicros = (cpuEnded - cpuStarted) / 1000
+            storeRunQueueMicros =
+              if (queuedStarted >= 0 && queuedEnded >= queuedStarted) (queuedEnded - queuedStarted) / 1000 else 0L
             phase = Committed
             changes.release() // the live state and the undo log hold what they need of it
             if (storeConf.commitValidationEnabled) reportCommit(committed.version, storeId, hadoopConf)
@@ -661,7 +665,7 @@ object HeapStateStoreProvider {
   val SnapshotBytesBesideTasks: StateStoreCustomMetric =
     StateStoreCustomSumMetric(
       "heapstateSnapshotBytesBesideTasks",
-      "heapstate: bytes of background snapshots written while tasks were busy, their budget for waiting for them spent, since the store was opened, summed over partitions"
+      "heapstate: bytes of background snapshots (entries collected and buckets written, before compression) written while tasks were busy, their budget for waiting for them spent, since the store was opened, summed over partitions"
     )
 
   /**
@@ -716,48 +720,6 @@ object HeapStateStoreProvider {
     CommitStoreCpuTime,
     CommitStoreRunQueueTime
   )
-
-  private val threadClock = java.lang.management.ManagementFactory.getThreadMXBean
-  private val hasThreadClock = threadClock.isCurrentThreadCpuTimeSupported && threadClock.isThreadCpuTimeEnabled
-
-  /** The current thread's CPU time in nanoseconds, or 0 without a per-thread CPU clock. */
-  private def threadCpuNanos(): Long = if (hasThreadClock) threadClock.getCurrentThreadCpuTime else 0L
-
-  /** Whether Linux's per-thread scheduler figures can be read; turned off at the first failure. */
-  @volatile private var hasSchedstat = new java.io.File("/proc/thread-self/schedstat").canRead
-
-  /**
-   * Each thread's own `/proc/thread-self/schedstat`, opened once (it names the thread that opened
-   * it) and read again from its start at every call, with a buffer for its line.
-   */
-  private val schedstat = new ThreadLocal[(java.io.RandomAccessFile, Array[Byte])]
-
-  /**
-   * The current thread's time ready to run but waiting for a core, in nanoseconds: the second
-   * figure of Linux's `/proc/thread-self/schedstat` (time on a core, time waiting on a run queue,
-   * time slices). 0 where it cannot be read.
-   */
-  private[heapstate] def threadRunQueueNanos(): Long = if (!hasSchedstat) 0L
-  else {
-    try {
-      var open = schedstat.get()
-      if (open == null) {
-        open = (new java.io.RandomAccessFile("/proc/thread-self/schedstat", "r"), new Array[Byte](96))
-        schedstat.set(open)
-      }
-      val (file, buf) = open
-      file.seek(0)
-      val n = file.read(buf)
-      var i = 0
-      while (i < n && buf(i) != ' ') i += 1 // the time on a core
-      i += 1
-      var queued = 0L
-      while (i < n && buf(i) >= '0' && buf(i) <= '9') { queued = queued * 10 + (buf(i) - '0'); i += 1 }
-      queued
-    } catch {
-      case NonFatal(_) => hasSchedstat = false; 0L
-    }
-  }
 
   /** Extracts the prefix key's bytes from a key's bytes (a projection per thread: they keep buffers). */
   private def prefixExtractor(keySchema: StructType, numColsPrefixKey: Int): Array[Byte] => Key = {

@@ -562,6 +562,29 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     assert(waited > 20L * 1000 * 1000, s"waited $waited ns for a core in 300 ms among ${2 * cores} spinning threads")
   }
 
+  test("a commit made while more threads run than cores reports its wait for a core") {
+    val ran = java.nio.file.Paths.get("/proc/thread-self/schedstat")
+    assume(java.nio.file.Files.isReadable(ran), "Linux's per-thread schedstat is not readable here")
+    assume(
+      new String(java.nio.file.Files.readAllBytes(ran), "US-ASCII").trim.split(' ').headOption.exists(_ != "0"),
+      "this kernel keeps no scheduler figures per thread"
+    )
+    val p = provider(tempDir())
+    @volatile var stop = false
+    val spinners = (1 to 2 * Runtime.getRuntime.availableProcessors).map(_ => new Thread(() => { while (!stop) {} }))
+    spinners.foreach(_.start())
+    val queued =
+      try (0 until 20).map { v =>
+          val s = p.getStore(v, None, false, false)
+          (1 to 2000).foreach(i => put(s, v * 2000L + i, i))
+          s.commit()
+          s.metrics.customMetrics(HeapStateStoreProvider.CommitStoreRunQueueTime)
+        }
+      finally { stop = true; spinners.foreach(_.join()) }
+    // Each commit shares the cores with twice as many spinning threads: some of its time is spent waiting.
+    assert(queued.forall(_ >= 0) && queued.sum > 0, queued)
+  }
+
   test("every heapstate key is validated in init, naming the key and the allowed values") {
     val cases = Seq(
       "compactionInterval" -> "0",

@@ -665,7 +665,7 @@ object HeapStateStoreProvider {
   val SnapshotBytesBesideTasks: StateStoreCustomMetric =
     StateStoreCustomSumMetric(
       "heapstateSnapshotBytesBesideTasks",
-      "heapstate: bytes of background snapshots (entries collected and buckets written, before compression) written while tasks were busy, their budget for waiting for them spent, since the store was opened, summed over partitions"
+      "heapstate: bytes of background snapshots (entries collected and buckets compressed, before compression; buckets copied, as stored) written while tasks were busy, their budget for waiting for them spent, since the store was opened, summed over partitions"
     )
 
   /**

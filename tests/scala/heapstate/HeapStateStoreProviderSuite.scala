@@ -544,8 +544,22 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     Seq("", "123", "123 ", " 5 6", "x 5 6", "123 x 4").foreach(l => assert(of(l) == -1L, l))
   }
 
+  /**
+   * Why the run-queue tests cannot run here, if they cannot: no readable per-thread schedstat (not
+   * Linux), or a kernel that keeps no figures in it ("0 0 0" for a thread that has run).
+   */
+  private def noSchedStat: Option[String] = {
+    val path = java.nio.file.Paths.get("/proc/thread-self/schedstat")
+    if (engine.ThreadClocks.runQueueNanos() < 0) Some("Linux's per-thread schedstat is not readable here")
+    else {
+      val line = new String(java.nio.file.Files.readAllBytes(path), "US-ASCII")
+      if (line.trim.split(' ').headOption.exists(_ != "0")) None
+      else Some(s"this kernel keeps no scheduler figures per thread: $line")
+    }
+  }
+
   test("a thread's wait for a core is read from Linux's schedstat, and grows while more threads run than cores") {
-    assume(engine.ThreadClocks.runQueueNanos() >= 0, "Linux's per-thread schedstat is not readable here")
+    noSchedStat.foreach(why => assume(false, why))
     val before = engine.ThreadClocks.runQueueNanos()
     // Twice as many spinning threads as processors, this one among them: each waits about half the time.
     val cores = Runtime.getRuntime.availableProcessors
@@ -556,19 +570,11 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     spin()
     others.foreach(_.join())
     val waited = engine.ThreadClocks.runQueueNanos() - before
-    val ran =
-      new String(java.nio.file.Files.readAllBytes(java.nio.file.Paths.get("/proc/thread-self/schedstat")), "US-ASCII")
-    assume(ran.trim.split(' ').headOption.exists(_ != "0"), s"this kernel keeps no scheduler figures per thread: $ran")
     assert(waited > 20L * 1000 * 1000, s"waited $waited ns for a core in 300 ms among ${2 * cores} spinning threads")
   }
 
   test("a commit made while more threads run than cores reports its wait for a core") {
-    val ran = java.nio.file.Paths.get("/proc/thread-self/schedstat")
-    assume(java.nio.file.Files.isReadable(ran), "Linux's per-thread schedstat is not readable here")
-    assume(
-      new String(java.nio.file.Files.readAllBytes(ran), "US-ASCII").trim.split(' ').headOption.exists(_ != "0"),
-      "this kernel keeps no scheduler figures per thread"
-    )
+    noSchedStat.foreach(why => assume(false, why))
     val p = provider(tempDir())
     @volatile var stop = false
     val spinners = (1 to 2 * Runtime.getRuntime.availableProcessors).map(_ => new Thread(() => { while (!stop) {} }))

@@ -156,11 +156,8 @@ object SnapshotPacer {
    * The calling thread's CPU time in nanoseconds; its wall time (`System.nanoTime`) where the JVM
    * cannot measure thread CPU time, which paces as if the thread never waited for a core.
    */
-  val threadCpuClock: () => Long = {
-    val threads = java.lang.management.ManagementFactory.getThreadMXBean
-    if (threads.isCurrentThreadCpuTimeSupported && threads.isThreadCpuTimeEnabled) () => threads.getCurrentThreadCpuTime
-    else () => System.nanoTime()
-  }
+  val threadCpuClock: () => Long =
+    if (ThreadClocks.hasCpuClock) () => ThreadClocks.cpuNanos() else () => System.nanoTime()
 
   /** A paced snapshot gave up because a task or close needs the state; its file is not kept. */
   final class Abandoned extends Exception("snapshot abandoned", null, false, false)

@@ -3,12 +3,15 @@ package heapstate.engine
 import scala.util.control.NonFatal
 
 /**
- * The calling thread's own clocks, for the commit's metrics (`HeapStateStoreProvider`): the CPU
- * time it used, and the time it was ready to run but waited for a core.
+ * The calling thread's own clocks: the CPU time it used (the commit's metrics in
+ * `HeapStateStoreProvider`, and [[SnapshotPacer]]), and the time it was ready to run but waited
+ * for a core (the commit's metrics).
  */
 object ThreadClocks {
   private val threads = java.lang.management.ManagementFactory.getThreadMXBean
-  private val hasCpuClock = threads.isCurrentThreadCpuTimeSupported && threads.isThreadCpuTimeEnabled
+
+  /** Whether the JVM measures the calling thread's CPU time ([[cpuNanos]]). */
+  val hasCpuClock: Boolean = threads.isCurrentThreadCpuTimeSupported && threads.isThreadCpuTimeEnabled
 
   /** The calling thread's CPU time in nanoseconds; 0 where the JVM cannot measure it. */
   def cpuNanos(): Long = if (hasCpuClock) threads.getCurrentThreadCpuTime else 0L

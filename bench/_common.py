@@ -272,7 +272,7 @@ def pyspark_submit_args(
     """``PYSPARK_SUBMIT_ARGS`` for a worker: the driver's heap must be set before the JVM starts,
     which a SparkSession builder conf cannot do once ``pyspark`` launches the gateway. With
     ``gc_log``, the driver JVM (which is also the executor under ``local[*]``) writes its GC log
-    there (``-Xlog:gc``, each line stamped with the epoch milliseconds; see ``gc_pauses``).
+    there (``GC_LOG_TAGS``, each line stamped with the epoch milliseconds; see ``gc_pauses``).
     ``java_options`` go to the driver JVM as well (none may contain a space).
 
     ``jars`` is heapstate's jar, in a worker that runs heapstate: with it goes heapstate's plugin
@@ -289,7 +289,7 @@ def pyspark_submit_args(
     if gc_log is not None:
         if ":" in str(gc_log) or " " in str(gc_log):
             raise SystemExit(f"GC log path {gc_log}: -Xlog cannot take ':' or ' ' in a path")
-        options.append(f"-Xlog:gc:file={gc_log}:timemillis")
+        options.append(f"-Xlog:{GC_LOG_TAGS}:file={gc_log}:timemillis")
     if options:
         parts += ["--driver-java-options", shlex.quote(" ".join(options))]
     return " ".join([*parts, "pyspark-shell"])
@@ -308,24 +308,101 @@ def add_java_option(parser: argparse.ArgumentParser, what: str, example: str) ->
     )
 
 
-_GC_PAUSE = re.compile(r"^\[(\d+)ms\] GC\(\d+\) (Pause [^(]*?)\s*(?:\(.*\))?\s.*?([\d.]+)ms$")
+GC_LOG_TAGS = "gc,gc+phases,gc+heap,gc+cpu,safepoint"
+"""What the worker JVMs' GC logs hold: each pause (``gc``), with its phases (``gc+phases``), G1's
+regions by kind before and after it (``gc+heap``), its GC threads' CPU (``gc+cpu``) and the wait
+for the threads to stop (``safepoint``), so that a long pause can be told apart: much copying,
+many regions to scan, or GC threads kept off the cores (their CPU well under the pause's length
+times the GC threads). Reports from before stop 72 logged ``gc`` alone."""
+
+_GC_PAUSE = re.compile(r"^\[(\d+)ms\] GC\((\d+)\) (Pause [^(]*?)\s*(?:\(.*\))?\s.*?([\d.]+)ms$")
+_GC_PHASE = re.compile(
+    r"^\[\d+ms\] GC\((\d+)\)(?:\s{2,}([A-Za-z][^:]*): | (Phase \d+: \D+?) )([\d.]+)\s?ms$"
+)
+_GC_REGIONS = re.compile(r"^\[\d+ms\] GC\((\d+)\) (\w+) regions: (\d+)->(\d+)")
+_GC_CPU = re.compile(r"^\[\d+ms\] GC\((\d+)\) User=([\d.]+)s Sys=([\d.]+)s Real=([\d.]+)s$")
+_SAFEPOINT = re.compile(r'^\[\d+ms\] Safepoint "([^"]+)".*?Reaching safepoint: (\d+) ns')
 
 
 def gc_pauses(gc_log: Path) -> list[dict[str, Any]]:
-    """The stop-the-world pauses in a JVM's ``-Xlog:gc`` log written with the ``timemillis``
-    decorator: one record per pause with ``end_epoch_ms`` (when the line was logged, at the
-    pause's end), ``pause_ms`` and ``kind`` ("Pause Young", "Pause Full", "Pause Remark", ...).
-    Concurrent phases are not pauses and are left out."""
+    """The stop-the-world pauses in a JVM's GC log (``GC_LOG_TAGS``, or ``-Xlog:gc`` alone)
+    written with the ``timemillis`` decorator: one record per pause with ``end_epoch_ms`` (when
+    the line was logged, at the pause's end), ``pause_ms``, ``kind`` ("Pause Young", "Pause Full",
+    "Pause Remark", ...) and ``gc_id``. Concurrent phases are not pauses and are left out.
+
+    Where the log has them, a record also holds ``phases`` (G1's top-level phases of the pause,
+    name to ms, as logged before the pause's line), ``regions`` (kind to ``[before, after]``),
+    ``cpu_ms`` and ``real_ms`` (the GC threads' user and system CPU, and the pause's wall time, as
+    ``gc+cpu`` logs them in units of 10 ms) and ``reach_safepoint_ms`` (how long the JVM took to
+    stop its threads for the pause, which the pause's own time leaves out)."""
     pauses: list[dict[str, Any]] = []
     if not gc_log.exists():
         return pauses
+    phases: dict[str, dict[str, float]] = {}
+    regions: dict[str, dict[str, list[int]]] = {}
+    last: dict[str, Any] | None = None
     for line in gc_log.read_text(errors="replace").splitlines():
-        m = _GC_PAUSE.match(line.strip())
+        line = line.strip()
+        m = _GC_PAUSE.match(line)
         if m:
-            pauses.append(
-                {"end_epoch_ms": int(m.group(1)), "kind": m.group(2), "pause_ms": float(m.group(3))}
-            )
+            gc_id = m.group(2)
+            last = {
+                "end_epoch_ms": int(m.group(1)),
+                "kind": m.group(3),
+                "pause_ms": float(m.group(4)),
+                "gc_id": int(gc_id),
+            }
+            if gc_id in phases:
+                last["phases"] = phases.pop(gc_id)
+            if gc_id in regions:
+                last["regions"] = regions.pop(gc_id)
+            pauses.append(last)
+            continue
+        m = _GC_PHASE.match(line)
+        if m:
+            name = (m.group(2) or m.group(3)).strip()
+            phases.setdefault(m.group(1), {})[name] = float(m.group(4))
+            continue
+        m = _GC_REGIONS.match(line)
+        if m:
+            regions.setdefault(m.group(1), {})[m.group(2)] = [int(m.group(3)), int(m.group(4))]
+            continue
+        m = _GC_CPU.match(line)
+        if m and last is not None and str(last["gc_id"]) == m.group(1) and "cpu_ms" not in last:
+            last["cpu_ms"] = round(1000 * (float(m.group(2)) + float(m.group(3))), 1)
+            last["real_ms"] = round(1000 * float(m.group(4)), 1)
+            continue
+        m = _SAFEPOINT.match(line)
+        if m and last is not None and "reach_safepoint_ms" not in last:
+            # The pause's own safepoint is the first one logged after it.
+            last["reach_safepoint_ms"] = round(int(m.group(2)) / 1e6, 3)
+            last["safepoint"] = m.group(1)
+            last = None
     return pauses
+
+
+def describe_pause(pause: dict[str, Any]) -> str:
+    """A pause record of ``gc_pauses`` in words: its kind and time, its longest phase, its GC
+    threads' CPU against its wall time, the wait to stop the threads, and the regions it
+    copied into (survivor and old, before and after)."""
+    out = f"{pause['kind']} {pause['pause_ms']:,.1f} ms"
+    parts: list[str] = []
+    phases = pause.get("phases") or {}
+    if phases:
+        name, ms = max(phases.items(), key=lambda kv: kv[1])
+        parts.append(f"{name} {ms:,.1f} ms")
+    if pause.get("cpu_ms") is not None:
+        parts.append(f"GC threads' CPU {pause['cpu_ms']:,.0f} ms in {pause['real_ms']:,.0f} ms")
+    if pause.get("reach_safepoint_ms") is not None:
+        parts.append(f"reaching the safepoint {pause['reach_safepoint_ms']:,.1f} ms")
+    regions = pause.get("regions") or {}
+    moved = [
+        f"{kind} regions {a}->{b}"
+        for kind, (a, b) in regions.items()
+        if kind in ("Survivor", "Old")
+    ]
+    parts.extend(moved)
+    return out + (f" ({'; '.join(parts)})" if parts else "")
 
 
 _GC_CYCLE = re.compile(r"^\[(\d+)ms\] GC\((\d+)\) Concurrent Mark Cycle(?: ([\d.]+)ms)?$")

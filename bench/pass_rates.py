@@ -11,7 +11,8 @@ limit (value / limit: at most 1.00 passes, for every target the benchmarks set):
 Reports are grouped by benchmark and ``--size`` and, with ``--by-jar``, by the sha256 of the heapstate jar they
 measured (its first 10 hex digits name the group), so that an A/B of two jars (``--jar``) reads
 as two tables. A target that a report could not measure (``n/a``: HDFS not in the run, say)
-counts in neither column. The reports' own order does not matter.
+counts in neither column. The reports' own order does not matter. For W1, a second table applies
+the spikes bar to every provider of the runs that measured more than one (``spike_rates``).
 """
 
 from __future__ import annotations
@@ -64,6 +65,47 @@ def rates(reports: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+SPIKE_FACTOR = 1.5
+"""W1's spikes bar: the slowest steady batch's trigger at most this many times the median."""
+
+
+def spike_rates(reports: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """W1's spikes bar applied to every provider, over the reports that measured more than one
+    (the others' slowest batch over their median, from each report's summary): whether a
+    failure is heapstate's or the machine's shows in how often the other providers, run in the
+    same process tree, clear the same bar. Rows as ``rates``, one per provider, in the order the
+    first such report lists them; none without such a report."""
+    order: list[str] = []
+    shares: dict[str, list[float]] = {}
+    for report in reports:
+        if report.get("benchmark") != "W1":
+            continue
+        summary = report.get("summary") or {}
+        measured = {
+            name: s["trigger_ms_max"] / s["trigger_ms_median"]
+            for name, s in summary.items()
+            if isinstance(s, dict) and s.get("trigger_ms_max") and s.get("trigger_ms_median")
+        }
+        if len(measured) < 2:
+            continue
+        for name, ratio in measured.items():
+            if name not in shares:
+                order.append(name)
+                shares[name] = []
+            shares[name].append(ratio / SPIKE_FACTOR)
+    return [
+        {
+            "target": name,
+            "passed": sum(1 for v in shares[name] if v <= 1.0),
+            "measured": len(shares[name]),
+            "lowest": min(shares[name]),
+            "median": median(shares[name]),
+            "highest": maximum(shares[name]),
+        }
+        for name in order
+    ]
+
+
 def render(title: str, runs: int, rows: Sequence[dict[str, Any]]) -> list[str]:
     """A Markdown table of ``rows`` (see ``rates``) under a line naming the group and its runs."""
 
@@ -103,6 +145,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     out: list[str] = []
     for title in sorted(groups):
         out += [*render(title, len(groups[title]), rates(groups[title])), ""]
+        spikes = spike_rates(groups[title])
+        if spikes:
+            runs = max(r["measured"] for r in spikes)
+            lines = render(
+                f"{title}, the spikes bar for every provider in runs of more than one", runs, spikes
+            )
+            out += [lines[0], "", "| provider" + lines[2][len("| target") :], *lines[3:], ""]
     print("\n".join(out).rstrip())
     return 0
 

@@ -24,7 +24,7 @@ It prints, per provider and with ratios to HDFS: median and max trigger ms (batc
 median commit ms, ``memoryUsedBytes``, the JVM's retained heap after full GCs, the bytes each batch
 adds under ``<checkpoint>/state`` (median, and max), the total after the last batch and the
 restart's first batch, and the GC pauses of the steady batches from the JVM's own GC log
-(``-Xlog:gc``). Then heapstate's pass/fail lines for W1's targets. JSON with every
+(``_common.GC_LOG_TAGS``). Then heapstate's pass/fail lines for W1's targets. JSON with every
 per-batch figure goes to ``bench/results/w1-<timestamp>.json``.
 """
 
@@ -61,6 +61,7 @@ from _common import (
     Provider,
     StateFiles,
     add_java_option,
+    describe_pause,
     drop_file,
     file_kind,
     fmt_bytes,
@@ -640,6 +641,19 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
             run.get("gc_pauses", []), b["start_epoch_ms"], b["end_epoch_ms"]
         )
     ]
+    # The longest of them, with the batch it ended in (the first such batch, if pooled rounds
+    # number theirs alike).
+    longest = max(
+        (
+            (p["pause_ms"], b["batch"], p)
+            for b in steady
+            if b.get("start_epoch_ms") is not None
+            for p in run.get("gc_pauses", [])
+            if b["start_epoch_ms"] <= p["end_epoch_ms"] <= b["end_epoch_ms"]
+        ),
+        key=lambda t: t[0],
+        default=None,
+    )
     cycles = run.get("gc_mark_cycles")
     timed = [
         b for b in steady if b.get("start_epoch_ms") is not None and b["trigger_ms"] is not None
@@ -703,6 +717,9 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         "gc_pause_ms_total": sum(steady_pauses) if "gc_pauses" in run else None,
         "gc_pause_ms_max": max(steady_pauses, default=0.0) if "gc_pauses" in run else None,
         "gc_pauses": len(steady_pauses) if "gc_pauses" in run else None,
+        # That longest pause in words (see _common.describe_pause), and its batch.
+        "gc_pause_max_described": describe_pause(longest[2]) if longest else None,
+        "gc_pause_max_batch": longest[1] if longest else None,
         "gc_marking_batches": sum(1 for m in marked if m > 0) if marked is not None else None,
         "gc_marking_ms_total": sum(marked) if marked is not None else None,
         "trigger_ms_max_batch": slowest["batch"] if slowest else None,

@@ -8,8 +8,9 @@ As W5 in the project's BENCHMARKS.md describes, the batch cost of a provider tha
     .venv/bin/python bench/w5.py --size full --providers hdfs,heapstate
 
 Each K is one W1 run (``bench/w1.py``: the same data, query, workers and per-batch records) with
-P=64 and no restart. Every worker JVM writes a GC log (``-Xlog:gc``), from which W1 takes the
-total and the longest stop-the-world pause inside the steady batches (2 and later).
+P=64 and no restart. Every worker JVM writes a GC log (``_common.GC_LOG_TAGS``), from which W1
+takes the total and the longest stop-the-world pause inside the steady batches (2 and later);
+a note under the targets describes heapstate's longest at the largest K.
 Each run's worker JVM first runs ``--warmup-batches`` batches of the same query on a scratch
 checkpoint, on a data set of the same shape at a tenth of that K's scale (w1.py's RUN_WARMUP
 and WARMUP_SCALE). ``--pretouch`` starts every provider's worker JVM with
@@ -455,6 +456,12 @@ def print_report(
                 detail = f"  ({t['value']:,.2f} vs limit {t['limit']:,.2f})"
             print(f"  {verdict}  {t['target']}{detail}")
         hs = growths.get("heapstate", {})
+        top = summaries.get("heapstate", {}).get(hs.get("to_keys"), {})
+        if top.get("gc_pause_max_described"):
+            print(
+                f"  note: heapstate's longest steady pause at K={hs['to_keys']:,} (batch "
+                f"{top['gc_pause_max_batch']}): {top['gc_pause_max_described']}"
+            )
         a, b = hs.get("faulting_from"), hs.get("faulting_to")
         if a is not None and b:
             print(

@@ -16,7 +16,7 @@ if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
 import w1  # bench/ is a folder of scripts, put on the path above
-from _common import PROC_KEYS, gc_mark_cycles, marking_ms_between
+from _common import PROC_KEYS, describe_pause, gc_mark_cycles, gc_pauses, marking_ms_between
 
 # What -Xlog:gc:file=...:timemillis writes, cut down: a cycle G1 undid, two full cycles (the
 # second starting while the first one's id is still open in another log line), pauses, and a
@@ -110,6 +110,102 @@ def test_the_slowest_steady_batch_and_the_marking_beside_it(tmp_path: Path) -> N
     assert older["gc_marking_ms_total"] is None
     assert older["trigger_ms_max_marking_ms"] is None
     assert older["trigger_ms_max_batch"] == 3
+
+
+# What the workers' GC_LOG_TAGS write for a young pause, a remark and a full collection, cut
+# down from a JDK 17 log: the phases and regions before each pause's line, its threads' CPU and
+# its safepoint after it, and a safepoint that is no collection's.
+DETAILED_LOG = """\
+[1000ms] Using G1
+[2000ms] GC(5)   Pre Evacuate Collection Set: 0.1ms
+[2000ms] GC(5)   Merge Heap Roots: 0.4ms
+[2000ms] GC(5)   Evacuate Collection Set: 45.2ms
+[2000ms] GC(5)   Post Evacuate Collection Set: 1.3ms
+[2000ms] GC(5)   Other: 0.5ms
+[2000ms] GC(5) Eden regions: 400->0(380)
+[2000ms] GC(5) Survivor regions: 10->14(50)
+[2000ms] GC(5) Old regions: 300->306
+[2000ms] GC(5) Archive regions: 2->2
+[2000ms] GC(5) Humongous regions: 120->120
+[2000ms] GC(5) Pause Young (Normal) (G1 Evacuation Pause) 3324M->1635M(4592M) 51.568ms
+[2000ms] GC(5) User=0.03s Sys=0.01s Real=0.05s
+[2000ms] Safepoint "G1CollectForAllocation", Time since last: 1000 ns, Reaching safepoint: 2500000 ns, Cleanup: 3665 ns, At safepoint: 51600000 ns, Total: 54100000 ns
+[2500ms] Safepoint "Cleanup", Time since last: 1000 ns, Reaching safepoint: 9000000 ns, Cleanup: 1 ns, At safepoint: 1 ns, Total: 9000002 ns
+[2600ms] GC(6) Concurrent Mark Cycle
+[2700ms] GC(6) Pause Remark 300M->290M(512M) 4.000ms
+[2700ms] GC(6) User=0.00s Sys=0.00s Real=0.00s
+[2700ms] Safepoint "G1PauseRemark", Time since last: 1 ns, Reaching safepoint: 93258 ns, Cleanup: 1 ns, At safepoint: 1 ns, Total: 93260 ns
+[3000ms] GC(9) Phase 1: Mark live objects 60.000ms
+[3000ms] GC(9) Phase 2: Prepare for compaction 20.500ms
+[3000ms] GC(9) Eden regions: 32->0(31)
+[3000ms] GC(9) Pause Full (System.gc()) 102M->49M(174M) 90.000ms
+"""
+
+
+def test_pause_details_are_read_from_the_gc_log(tmp_path: Path) -> None:
+    log = tmp_path / "gc.log"
+    log.write_text(DETAILED_LOG)
+    young, remark, full = gc_pauses(log)
+    assert young == {
+        "end_epoch_ms": 2000,
+        "kind": "Pause Young",
+        "pause_ms": 51.568,
+        "gc_id": 5,
+        "phases": {
+            "Pre Evacuate Collection Set": 0.1,
+            "Merge Heap Roots": 0.4,
+            "Evacuate Collection Set": 45.2,
+            "Post Evacuate Collection Set": 1.3,
+            "Other": 0.5,
+        },
+        "regions": {
+            "Eden": [400, 0],
+            "Survivor": [10, 14],
+            "Old": [300, 306],
+            "Archive": [2, 2],
+            "Humongous": [120, 120],
+        },
+        "cpu_ms": 40.0,
+        "real_ms": 50.0,
+        "reach_safepoint_ms": 2.5,  # its own safepoint, not the later "Cleanup" one's 9 ms
+        "safepoint": "G1CollectForAllocation",
+    }
+    assert describe_pause(young) == (
+        "Pause Young 51.6 ms (Evacuate Collection Set 45.2 ms; GC threads' CPU 40 ms in 50 ms; "
+        "reaching the safepoint 2.5 ms; Survivor regions 10->14; Old regions 300->306)"
+    )
+    assert remark["kind"] == "Pause Remark" and remark["gc_id"] == 6
+    assert "phases" not in remark and remark["reach_safepoint_ms"] == 0.093
+    assert full["phases"] == {
+        "Phase 1: Mark live objects": 60.0,
+        "Phase 2: Prepare for compaction": 20.5,
+    }
+    assert full["regions"] == {"Eden": [32, 0]}
+    assert "cpu_ms" not in full and "reach_safepoint_ms" not in full  # the log ends first
+    assert describe_pause(full) == "Pause Full 90.0 ms (Phase 1: Mark live objects 60.0 ms)"
+    # A log of -Xlog:gc alone (reports before stop 72) gives the pauses without details.
+    plain = tmp_path / "plain.log"
+    plain.write_text(LOG)
+    assert [(p["kind"], p["pause_ms"], len(p)) for p in gc_pauses(plain)] == [
+        ("Pause Young", 5.0, 4),
+        ("Pause Young", 9.0, 4),
+        ("Pause Remark", 4.0, 4),
+    ]
+    assert describe_pause(gc_pauses(plain)[0]) == "Pause Young 5.0 ms"
+
+
+def test_the_longest_steady_pause_is_described_with_its_batch(tmp_path: Path) -> None:
+    log = tmp_path / "gc.log"
+    log.write_text(DETAILED_LOG)
+    batches = [_batch(0, 0, 1500), _batch(1, 1500, 300), _batch(2, 1800, 600), _batch(3, 2650, 300)]
+    summary = w1.summarize({"batches": batches, "gc_pauses": gc_pauses(log)})
+    assert summary["gc_pause_ms_max"] == 51.568
+    assert summary["gc_pause_max_batch"] == 2
+    assert summary["gc_pause_max_described"].startswith("Pause Young 51.6 ms (Evacuate Collection")
+    # Pauses outside the steady batches are not counted: the full one (3000 ms) ends after them.
+    assert summary["gc_pauses"] == 2
+    none = w1.summarize({"batches": batches[:2], "gc_pauses": gc_pauses(log)})
+    assert none["gc_pause_max_described"] is None and none["gc_pause_max_batch"] is None
 
 
 # The spikes target as w1.targets gives it for a slowest batch 3 with 400 ms of marking in it.

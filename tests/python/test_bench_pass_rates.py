@@ -105,3 +105,49 @@ def test_a_report_without_targets_is_refused_by_name(tmp_path: Path, capsys: Any
     not_json.write_text("{")
     with pytest.raises(SystemExit, match="broken.json: not a readable JSON report"):
         pass_rates.main([str(not_json)])
+
+
+def _summary(**ratios: tuple[float, float]) -> dict[str, Any]:
+    """A W1 report's summary: each provider's slowest and median steady trigger."""
+    return {
+        name: {"trigger_ms_max": mx, "trigger_ms_median": md} for name, (mx, md) in ratios.items()
+    }
+
+
+def test_the_spikes_bar_is_applied_to_every_provider_of_runs_of_more_than_one(
+    tmp_path: Path, capsys: Any
+) -> None:
+    both = {**_w1(400, True), "summary": _summary(hdfs=(1200, 1000), heapstate=(300, 250))}
+    four = {
+        **_w1(550, False),
+        "summary": _summary(
+            hdfs=(1800, 1000), **{"rocksdb-changelog": (600, 500)}, heapstate=(420, 250)
+        ),
+    }
+    alone = {**_w1(450, True), "summary": _summary(heapstate=(500, 250))}  # heapstate only
+    older = _w1(450, True)  # no summary
+    rows = pass_rates.spike_rates([both, four, alone, older])
+    assert [(r["target"], r["passed"], r["measured"]) for r in rows] == [
+        ("hdfs", 1, 2),  # 1.2x passes, 1.8x does not
+        ("heapstate", 1, 2),  # 1.2x passes, 1.68x does not; the run alone is not counted
+        ("rocksdb-changelog", 1, 1),
+    ]
+    assert rows[0]["lowest"] == pytest.approx(1.2 / 1.5)
+    assert rows[0]["highest"] == pytest.approx(1.8 / 1.5)
+    assert pass_rates.spike_rates([alone, older]) == []
+
+    pass_rates.main(_write(tmp_path, [both, four, alone]))
+    out = capsys.readouterr().out.splitlines()
+    at = out.index(
+        "**W1 full, the spikes bar for every provider in runs of more than one**, 2 runs"
+    )
+    assert out[at + 1 : at + 6] == [
+        "",
+        "| provider | passed | value / limit: lowest | median | highest |",
+        "|---|---|---|---|---|",
+        "| hdfs | 1 of 2 | 0.80 | 1.00 | 1.20 |",
+        "| heapstate | 1 of 2 | 0.80 | 0.96 | 1.12 |",
+    ]
+    # Reports without a second provider print no such table.
+    pass_rates.main(_write(tmp_path, [alone]))
+    assert "spikes bar for every provider" not in capsys.readouterr().out

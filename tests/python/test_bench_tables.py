@@ -477,7 +477,7 @@ def test_pyspark_submit_args_quote_the_java_options_as_one_argument() -> None:
         "--driver-memory",
         "4g",
         "--driver-java-options",
-        "-XX:+AlwaysPreTouch -Xlog:gc:file=/tmp/gc.log:timemillis",
+        "-XX:+AlwaysPreTouch -Xlog:gc,gc+phases,gc+heap,gc+cpu,safepoint:file=/tmp/gc.log:timemillis",
         "pyspark-shell",
     ]
     assert shlex.split(pyspark_submit_args("4g")) == ["--driver-memory", "4g", "pyspark-shell"]

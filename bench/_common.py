@@ -289,7 +289,7 @@ def pyspark_submit_args(
     if gc_log is not None:
         if ":" in str(gc_log) or " " in str(gc_log):
             raise SystemExit(f"GC log path {gc_log}: -Xlog cannot take ':' or ' ' in a path")
-        options.append(f"-Xlog:{GC_LOG_TAGS}:file={gc_log}:timemillis")
+        options.append(f"-Xlog:{GC_LOG_TAGS}:file={gc_log}:timemillis:filecount=0")
     if options:
         parts += ["--driver-java-options", shlex.quote(" ".join(options))]
     return " ".join([*parts, "pyspark-shell"])
@@ -310,10 +310,12 @@ def add_java_option(parser: argparse.ArgumentParser, what: str, example: str) ->
 
 GC_LOG_TAGS = "gc,gc+phases,gc+heap,gc+cpu,safepoint"
 """What the worker JVMs' GC logs hold: each pause (``gc``), with its phases (``gc+phases``), G1's
-regions by kind before and after it (``gc+heap``), its GC threads' CPU (``gc+cpu``) and the wait
-for the threads to stop (``safepoint``), so that a long pause can be told apart: much copying,
-many regions to scan, or GC threads kept off the cores (their CPU well under the pause's length
-times the GC threads). Reports from before stop 72 logged ``gc`` alone."""
+regions by kind before and after it (``gc+heap``), the CPU the JVM used in it (``gc+cpu``: on JDK
+17 the whole process's, so at most the GC threads') and the wait for the threads to stop
+(``safepoint``), so that a long pause can be told apart: much copying, many regions to scan, or
+GC threads kept off the cores (the JVM's CPU well under the pause's length times the GC threads).
+The log is one file, never rotated (``filecount=0``). Reports from before stop 72 logged ``gc``
+alone."""
 
 _GC_PAUSE = re.compile(r"^\[(\d+)ms\] GC\((\d+)\) (Pause [^(]*?)\s*(?:\(.*\))?\s.*?([\d.]+)ms$")
 _GC_PHASE = re.compile(
@@ -332,8 +334,8 @@ def gc_pauses(gc_log: Path) -> list[dict[str, Any]]:
 
     Where the log has them, a record also holds ``phases`` (G1's top-level phases of the pause,
     name to ms, as logged before the pause's line), ``regions`` (kind to ``[before, after]``),
-    ``cpu_ms`` and ``real_ms`` (the GC threads' user and system CPU, and the pause's wall time, as
-    ``gc+cpu`` logs them in units of 10 ms) and ``reach_safepoint_ms`` (how long the JVM took to
+    ``cpu_ms`` and ``real_ms`` (the JVM's user and system CPU in the pause, at most its GC
+    threads' on JDK 17, and the pause's wall time, as ``gc+cpu`` logs them in units of 10 ms) and ``reach_safepoint_ms`` (how long the JVM took to
     stop its threads for the pause, which the pause's own time leaves out)."""
     pauses: list[dict[str, Any]] = []
     if not gc_log.exists():
@@ -382,8 +384,8 @@ def gc_pauses(gc_log: Path) -> list[dict[str, Any]]:
 
 
 def describe_pause(pause: dict[str, Any]) -> str:
-    """A pause record of ``gc_pauses`` in words: its kind and time, its longest phase, its GC
-    threads' CPU against its wall time, the wait to stop the threads, and the regions it
+    """A pause record of ``gc_pauses`` in words: its kind and time, its longest phase, the JVM's
+    CPU in it against its wall time, the wait to stop the threads, and the regions it
     copied into (survivor and old, before and after)."""
     out = f"{pause['kind']} {pause['pause_ms']:,.1f} ms"
     parts: list[str] = []
@@ -392,7 +394,7 @@ def describe_pause(pause: dict[str, Any]) -> str:
         name, ms = max(phases.items(), key=lambda kv: kv[1])
         parts.append(f"{name} {ms:,.1f} ms")
     if pause.get("cpu_ms") is not None:
-        parts.append(f"GC threads' CPU {pause['cpu_ms']:,.0f} ms in {pause['real_ms']:,.0f} ms")
+        parts.append(f"JVM CPU {pause['cpu_ms']:,.0f} ms in {pause['real_ms']:,.0f} ms")
     if pause.get("reach_safepoint_ms") is not None:
         parts.append(f"reaching the safepoint {pause['reach_safepoint_ms']:,.1f} ms")
     regions = pause.get("regions") or {}

@@ -69,14 +69,15 @@ SPIKE_FACTOR = 1.5
 """W1's spikes bar: the slowest steady batch's trigger at most this many times the median."""
 
 
-def spike_rates(reports: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def spike_rates(reports: Sequence[dict[str, Any]]) -> tuple[int, list[dict[str, Any]]]:
     """W1's spikes bar applied to every provider, over the reports that measured more than one
     (the others' slowest batch over their median, from each report's summary): whether a
     failure is heapstate's or the machine's shows in how often the other providers, run in the
-    same process tree, clear the same bar. Rows as ``rates``, one per provider, in the order the
-    first such report lists them; none without such a report."""
+    same process tree, clear the same bar. The number of such reports, and rows as ``rates``, one
+    per provider, in the order the first such report lists them (none without such a report)."""
     order: list[str] = []
     shares: dict[str, list[float]] = {}
+    runs = 0
     for report in reports:
         if report.get("benchmark") != "W1":
             continue
@@ -88,12 +89,13 @@ def spike_rates(reports: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         }
         if len(measured) < 2:
             continue
+        runs += 1
         for name, ratio in measured.items():
             if name not in shares:
                 order.append(name)
                 shares[name] = []
             shares[name].append(ratio / SPIKE_FACTOR)
-    return [
+    return runs, [
         {
             "target": name,
             "passed": sum(1 for v in shares[name] if v <= 1.0),
@@ -145,9 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out: list[str] = []
     for title in sorted(groups):
         out += [*render(title, len(groups[title]), rates(groups[title])), ""]
-        spikes = spike_rates(groups[title])
+        runs, spikes = spike_rates(groups[title])
         if spikes:
-            runs = max(r["measured"] for r in spikes)
             lines = render(
                 f"{title}, the spikes bar for every provider in runs of more than one", runs, spikes
             )

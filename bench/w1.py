@@ -641,8 +641,8 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
             run.get("gc_pauses", []), b["start_epoch_ms"], b["end_epoch_ms"]
         )
     ]
-    # The longest of them, with the batch it ended in (the first such batch, if pooled rounds
-    # number theirs alike).
+    # The longest of them, with the batch it ended in (W5's pooled rounds number their batches
+    # alike: w5.per_round_figures names the round).
     longest = max(
         (
             (p["pause_ms"], b["batch"], p)

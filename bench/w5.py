@@ -187,17 +187,28 @@ def per_round_figures(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
     round numbers its batches from 0, so which batches ran beside a snapshot is known per round
     (``compaction_batches`` becomes one list per pooled run, in order), and the slowest batch is
     named with its round (``trigger_ms_max_round``, counted from 1: a run's ``round``, which
-    main gives each later round's run, else its place in ``rounds``)."""
+    main gives each later round's run, else its place in ``rounds``), as is the longest steady
+    GC pause (``gc_pause_max_batch``, ``gc_pause_max_round``)."""
     beside: list[float] = []
     other: list[float] = []
     during_each: list[list[int]] = []
     slowest: tuple[float, int, int] | None = None
+    longest: tuple[float, int, int] | None = None
     for i, r in enumerate(rounds, start=1):
         during = w1.compaction_batches(r["batches"])
         during_each.append(sorted(during))
         for b in r["batches"]:
             if b["batch"] < w1.STEADY_FROM:
                 continue
+            start, end = b.get("start_epoch_ms"), b.get("end_epoch_ms")
+            inside = [
+                p["pause_ms"]
+                for p in r.get("gc_pauses") or []
+                if start is not None and start <= p["end_epoch_ms"] <= end
+            ]
+            for ms in inside:
+                if longest is None or ms > longest[0]:
+                    longest = (ms, b["batch"], r.get("round", i))
             if b.get("commit_ms") is not None:
                 (beside if b["batch"] in during else other).append(b["commit_ms"])
             trigger = b.get("trigger_ms")
@@ -210,6 +221,10 @@ def per_round_figures(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "commit_ms_median_other": median(other),
         "trigger_ms_max_batch": slowest[1] if slowest else None,
         "trigger_ms_max_round": slowest[2] if slowest else None,
+        # The longest steady GC pause's batch, and its round (w1.summarize's batch alone cannot
+        # tell the rounds apart).
+        "gc_pause_max_batch": longest[1] if longest else None,
+        "gc_pause_max_round": longest[2] if longest else None,
     }
 
 
@@ -459,8 +474,13 @@ def print_report(
         top = summaries.get("heapstate", {}).get(hs.get("to_keys"), {})
         if top.get("gc_pause_max_described"):
             print(
-                f"  note: heapstate's longest steady pause at K={hs['to_keys']:,} (batch "
-                f"{top['gc_pause_max_batch']}): {top['gc_pause_max_described']}"
+                f"  note: heapstate's longest steady pause at K={hs['to_keys']:,} ("
+                + (
+                    f"round {top['gc_pause_max_round']}, "
+                    if top.get("gc_pause_max_round") is not None
+                    else ""
+                )
+                + f"batch {top['gc_pause_max_batch']}): {top['gc_pause_max_described']}"
             )
         a, b = hs.get("faulting_from"), hs.get("faulting_to")
         if a is not None and b:

@@ -171,7 +171,7 @@ def test_pause_details_are_read_from_the_gc_log(tmp_path: Path) -> None:
         "safepoint": "G1CollectForAllocation",
     }
     assert describe_pause(young) == (
-        "Pause Young 51.6 ms (Evacuate Collection Set 45.2 ms; GC threads' CPU 40 ms in 50 ms; "
+        "Pause Young 51.6 ms (Evacuate Collection Set 45.2 ms; JVM CPU 40 ms in 50 ms; "
         "reaching the safepoint 2.5 ms; Survivor regions 10->14; Old regions 300->306)"
     )
     assert remark["kind"] == "Pause Remark" and remark["gc_id"] == 6

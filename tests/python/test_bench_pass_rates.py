@@ -126,7 +126,8 @@ def test_the_spikes_bar_is_applied_to_every_provider_of_runs_of_more_than_one(
     }
     alone = {**_w1(450, True), "summary": _summary(heapstate=(500, 250))}  # heapstate only
     older = _w1(450, True)  # no summary
-    rows = pass_rates.spike_rates([both, four, alone, older])
+    runs, rows = pass_rates.spike_rates([both, four, alone, older])
+    assert runs == 2
     assert [(r["target"], r["passed"], r["measured"]) for r in rows] == [
         ("hdfs", 1, 2),  # 1.2x passes, 1.8x does not
         ("heapstate", 1, 2),  # 1.2x passes, 1.68x does not; the run alone is not counted
@@ -134,7 +135,13 @@ def test_the_spikes_bar_is_applied_to_every_provider_of_runs_of_more_than_one(
     ]
     assert rows[0]["lowest"] == pytest.approx(1.2 / 1.5)
     assert rows[0]["highest"] == pytest.approx(1.8 / 1.5)
-    assert pass_rates.spike_rates([alone, older]) == []
+    assert pass_rates.spike_rates([alone, older]) == (0, [])
+    # Runs that share no provider are each counted: two runs, whatever each measured.
+    other = {
+        **_w1(450, True),
+        "summary": _summary(rocksdb=(700, 500), **{"rocksdb-changelog": (600, 500)}),
+    }
+    assert pass_rates.spike_rates([both, other])[0] == 2
 
     pass_rates.main(_write(tmp_path, [both, four, alone]))
     out = capsys.readouterr().out.splitlines()

@@ -477,7 +477,7 @@ def test_pyspark_submit_args_quote_the_java_options_as_one_argument() -> None:
         "--driver-memory",
         "4g",
         "--driver-java-options",
-        "-XX:+AlwaysPreTouch -Xlog:gc,gc+phases,gc+heap,gc+cpu,safepoint:file=/tmp/gc.log:timemillis",
+        "-XX:+AlwaysPreTouch -Xlog:gc,gc+phases,gc+heap,gc+cpu,safepoint:file=/tmp/gc.log:timemillis:filecount=0",
         "pyspark-shell",
     ]
     assert shlex.split(pyspark_submit_args("4g")) == ["--driver-memory", "4g", "pyspark-shell"]
@@ -681,6 +681,12 @@ def test_w5_rounds_pool_the_steady_batches_of_every_round() -> None:
     assert [b["commit_ms"] for b in first["batches"]] == [900, 900, 10, 11, 12]  # not changed
     assert (one["rounds"], both["rounds"]) == (1, 2)
     assert "trigger_ms_max_round" not in one
+    # The longest pause is the second round's, in its batch 3 (both rounds' pauses are in a batch 3).
+    assert (both["gc_pause_max_batch"], both["gc_pause_max_round"]) == (3, 2)
+    assert both["gc_pause_max_described"] == "Pause Young 40.0 ms"
+    assert (one["gc_pause_max_batch"], "gc_pause_max_round" in one) == (3, False)
+    first_longer = w5.summarize(1000, _w5_run(0, [900, 900, 10, 11, 12], 50.0), [second])
+    assert (first_longer["gc_pause_max_batch"], first_longer["gc_pause_max_round"]) == (3, 1)
 
 
 def test_w5_rounds_keep_each_rounds_snapshot_batches_and_name_the_slowest_round() -> None:

@@ -12,7 +12,7 @@ import org.apache.spark.unsafe.Platform
 import org.slf4j.LoggerFactory
 
 import heapstate.engine._
-import heapstate.io.{StateFiles, StateFileException}
+import heapstate.io.StateFiles
 
 /**
  * heapstate's `StateStoreProvider`: state on the JVM heap in one live copy per partition, a

@@ -16,7 +16,6 @@ import org.apache.spark.sql.types.StructType
 
 import heapstate.{HeapStateConf, HeapStateStoreProvider}
 import heapstate.io.StateFiles
-import heapstate.io.StateFileNames.Snapshot
 
 /**
  * Converts the state of a stopped query, as of one committed version, between Spark's

@@ -335,8 +335,9 @@ def gc_pauses(gc_log: Path) -> list[dict[str, Any]]:
     Where the log has them, a record also holds ``phases`` (G1's top-level phases of the pause,
     name to ms, as logged before the pause's line), ``regions`` (kind to ``[before, after]``),
     ``cpu_ms`` and ``real_ms`` (the JVM's user and system CPU in the pause, at most its GC
-    threads' on JDK 17, and the pause's wall time, as ``gc+cpu`` logs them in units of 10 ms) and ``reach_safepoint_ms`` (how long the JVM took to
-    stop its threads for the pause, which the pause's own time leaves out)."""
+    threads' on JDK 17, and the pause's wall time, as ``gc+cpu`` logs them in units of 10 ms)
+    and ``reach_safepoint_ms`` (how long the JVM took to stop its threads for the pause, which
+    the pause's own time leaves out)."""
     pauses: list[dict[str, Any]] = []
     if not gc_log.exists():
         return pauses

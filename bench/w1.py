@@ -620,6 +620,18 @@ WORKERS = {
 # Parent side: plans the runs, launches the workers one after another, reports.
 
 
+def steady_pause_records(run: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    """The GC pauses of ``run`` that ended inside its steady batches, each with its batch number,
+    in batch order (the order of ``run``'s pauses within a batch)."""
+    return [
+        (b["batch"], p)
+        for b in run["batches"]
+        if b["batch"] >= STEADY_FROM and b.get("start_epoch_ms") is not None
+        for p in run.get("gc_pauses", [])
+        if b["start_epoch_ms"] <= p["end_epoch_ms"] <= b["end_epoch_ms"]
+    ]
+
+
 def summarize(run: dict[str, Any]) -> dict[str, Any]:
     """The figures W1 reports for one provider, from its per-batch series."""
     batches = run["batches"]
@@ -633,27 +645,11 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     during = compaction_batches(batches)
     compaction_commit = [b["commit_ms"] for b in steady if b["batch"] in during]
     other_commit = [b["commit_ms"] for b in steady if b["batch"] not in during]
-    steady_pauses = [
-        pause
-        for b in steady
-        if b.get("start_epoch_ms") is not None
-        for pause in pauses_between(
-            run.get("gc_pauses", []), b["start_epoch_ms"], b["end_epoch_ms"]
-        )
-    ]
+    pause_records = steady_pause_records(run)
+    steady_pauses = [p["pause_ms"] for _, p in pause_records]
     # The longest of them, with the batch it ended in (W5's pooled rounds number their batches
     # alike: w5.per_round_figures names the round).
-    longest = max(
-        (
-            (p["pause_ms"], b["batch"], p)
-            for b in steady
-            if b.get("start_epoch_ms") is not None
-            for p in run.get("gc_pauses", [])
-            if b["start_epoch_ms"] <= p["end_epoch_ms"] <= b["end_epoch_ms"]
-        ),
-        key=lambda t: t[0],
-        default=None,
-    )
+    longest = max(pause_records, key=lambda bp: bp[1]["pause_ms"], default=None)
     cycles = run.get("gc_mark_cycles")
     timed = [
         b for b in steady if b.get("start_epoch_ms") is not None and b["trigger_ms"] is not None
@@ -718,8 +714,8 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         "gc_pause_ms_max": max(steady_pauses, default=0.0) if "gc_pauses" in run else None,
         "gc_pauses": len(steady_pauses) if "gc_pauses" in run else None,
         # That longest pause in words (see _common.describe_pause), and its batch.
-        "gc_pause_max_described": describe_pause(longest[2]) if longest else None,
-        "gc_pause_max_batch": longest[1] if longest else None,
+        "gc_pause_max_described": describe_pause(longest[1]) if longest else None,
+        "gc_pause_max_batch": longest[0] if longest else None,
         "gc_marking_batches": sum(1 for m in marked if m > 0) if marked is not None else None,
         "gc_marking_ms_total": sum(marked) if marked is not None else None,
         "trigger_ms_max_batch": slowest["batch"] if slowest else None,

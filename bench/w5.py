@@ -197,18 +197,12 @@ def per_round_figures(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for i, r in enumerate(rounds, start=1):
         during = w1.compaction_batches(r["batches"])
         during_each.append(sorted(during))
+        for batch, p in w1.steady_pause_records(r):
+            if longest is None or p["pause_ms"] > longest[0]:
+                longest = (p["pause_ms"], batch, r.get("round", i))
         for b in r["batches"]:
             if b["batch"] < w1.STEADY_FROM:
                 continue
-            start, end = b.get("start_epoch_ms"), b.get("end_epoch_ms")
-            inside = [
-                p["pause_ms"]
-                for p in r.get("gc_pauses") or []
-                if start is not None and start <= p["end_epoch_ms"] <= end
-            ]
-            for ms in inside:
-                if longest is None or ms > longest[0]:
-                    longest = (ms, b["batch"], r.get("round", i))
             if b.get("commit_ms") is not None:
                 (beside if b["batch"] in during else other).append(b["commit_ms"])
             trigger = b.get("trigger_ms")

@@ -125,6 +125,88 @@ def test_lead_in_gives_up_after_its_most_batches(
     assert "20 batches and no store with 9 journals above a snapshot" in capsys.readouterr().err
 
 
+def _hdfs_maintenance(state: Path) -> list[int]:
+    """What HDFS's maintenance pass does: snapshot the newest version of every store with more
+    than 10 deltas above its snapshot. Returns the versions it snapshotted."""
+    written = []
+    for chain in w1.recovery_chains(state):
+        if chain["journals_above"] > 10:
+            (state / chain["store"] / f"{chain['version']}.snapshot").write_bytes(b"s")
+            written.append(chain["version"])
+    return written
+
+
+def test_lead_in_reads_the_chains_again_after_a_maintenance_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """w1-stop72a: the measured batches leave chains of 11 and more, which HDFS's maintenance
+    snapshots just after they were read. The lead-in waits, sees them shorten, and runs batches
+    until chains long enough survive the wait (HDFS leaves 9 and 10 alone)."""
+    state = _state(tmp_path)
+    for version in range(1, 31):
+        _commit(state, version, 1000)  # partition p snapshots at version 3p only
+    ran = _fake_batches(monkeypatch, state, 1000)
+    waits: list[float] = []
+    snapshotted: list[list[int]] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        snapshotted.append(_hdfs_maintenance(state))
+
+    monkeypatch.setattr(w1.time, "sleep", sleep)
+    spec = {"work_dir": str(tmp_path / "work"), "restart_journals": 9, "provider": "hdfs"}
+
+    records = w1._lead_in(None, spec, None, 0, 30, settle_s=8.0)
+
+    # Above snapshots at 0, 3, 6 and 9, the stores hold 30, 27, 24 and 21 deltas: the first wait
+    # snapshots all four at version 30; nine more batches (versions 31 to 39) leave 9 each, which
+    # the second wait keeps.
+    assert snapshotted == [[30, 30, 30, 30], []]
+    assert waits == [8.0, 8.0]
+    assert ran == list(range(30, 39))
+    assert [c["journals_above"] for c in w1.recovery_chains(state)] == [9, 9, 9, 9]
+    assert records[-1]["recovery_chains"] == w1.recovery_chains(state)
+    assert "30 journals above a snapshot became 0 within 8 s" in capsys.readouterr().err
+
+
+def test_lead_in_without_a_background_snapshot_waits_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = _state(tmp_path)
+    for version in range(1, 31):
+        _commit(state, version, 10)
+    ran = _fake_batches(monkeypatch, state, 10)
+    waits: list[float] = []
+    monkeypatch.setattr(w1.time, "sleep", waits.append)
+    spec = {"work_dir": str(tmp_path / "work"), "restart_journals": 9, "provider": "heapstate"}
+
+    records = w1._lead_in(None, spec, None, 0, 30, settle_s=4.5)
+
+    assert ran == [30, 31] and len(records) == 2
+    assert waits == [4.5]
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("5s", 5.0),
+        ("500ms", 0.5),
+        ("1min", 60.0),
+        ("2m", 120.0),
+        ("60000", 60.0),
+        (None, 60.0),
+        ("1.5s", 1.5),
+    ],
+)
+def test_maintenance_seconds(value: str | None, seconds: float) -> None:
+    assert w1.maintenance_seconds(value) == seconds
+
+
+def test_maintenance_seconds_names_the_conf_on_a_bad_value() -> None:
+    with pytest.raises(ValueError, match=r"maintenanceInterval: not a time: 'soon'"):
+        w1.maintenance_seconds("soon")
+
+
 def test_restarts_run_the_batches_after_the_lead_in(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

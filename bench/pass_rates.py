@@ -12,7 +12,8 @@ Reports are grouped by benchmark and ``--size`` and, with ``--by-jar``, by the s
 measured (its first 10 hex digits name the group), so that an A/B of two jars (``--jar``) reads
 as two tables. A target that a report could not measure (``n/a``: HDFS not in the run, say)
 counts in neither column. The reports' own order does not matter. For W1, a second table applies
-the spikes bar to every provider of the runs that measured more than one (``spike_rates``).
+the spikes bar to every provider of the runs that measured more than one (``spike_rates``); for
+W5, a second table splits the growth targets by where G1 marked back to back (``marking_rates``).
 """
 
 from __future__ import annotations
@@ -108,6 +109,72 @@ def spike_rates(reports: Sequence[dict[str, Any]]) -> tuple[int, list[dict[str, 
     ]
 
 
+MARKING_STORM_MS = 1000.0
+"""G1 marking beside heapstate's steady batches at one K, in all, from which ``marking_rates``
+counts a run's JVM as marking back to back: one cycle runs 140 to 250 ms at W5's sizes, so this
+is a cycle in most of the ten steady batches (``w5-stop72a``, ``w5-stop73a``)."""
+
+MARKING_CLASSES = ("at neither K", "at the smaller K only", "at the larger K only", "at both")
+
+
+def marking_rates(reports: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """W5's growth targets split by where G1 marked back to back beside heapstate's steady batches
+    (at least MARKING_STORM_MS in all; ``growth.heapstate.marking_ms_from`` and ``_to``, from stop
+    61 on): a JVM that marks cycle after cycle gives the tasks one core of two, so such marking at
+    the larger K fails the growth targets and at the smaller K flatters them, whatever the store
+    does. One row per class in MARKING_CLASSES that has runs: the runs, and for the trigger and
+    the commit growth targets the runs passed; commit growth's lowest, median and highest ratio."""
+    rows: dict[str, dict[str, Any]] = {}
+    for report in reports:
+        if report.get("benchmark") != "W5":
+            continue
+        growth = (report.get("growth") or {}).get("heapstate") or {}
+        low, high = growth.get("marking_ms_from"), growth.get("marking_ms_to")
+        if low is None or high is None or growth.get("commit_ratio") is None:
+            continue
+        verdicts = {}
+        for target in report.get("targets") or []:
+            name = str(target["target"])
+            for kind in ("trigger", "commit"):
+                if name.startswith(f"median {kind} at K=") and target.get("pass") is not None:
+                    verdicts[kind] = bool(target["pass"])
+        if len(verdicts) < 2:
+            continue
+        cls = MARKING_CLASSES[(low >= MARKING_STORM_MS) + 2 * (high >= MARKING_STORM_MS)]
+        row = rows.setdefault(
+            cls, {"class": cls, "runs": 0, "trigger": 0, "commit": 0, "ratios": []}
+        )
+        row["runs"] += 1
+        row["trigger"] += verdicts["trigger"]
+        row["commit"] += verdicts["commit"]
+        row["ratios"].append(float(growth["commit_ratio"]))
+    return [rows[c] for c in MARKING_CLASSES if c in rows]
+
+
+def render_marking(title: str, rows: Sequence[dict[str, Any]]) -> list[str]:
+    """A Markdown table of ``marking_rates``' rows."""
+    runs = sum(r["runs"] for r in rows)
+    lines = [
+        (
+            f"**{title}, the growth targets by where G1 marked {MARKING_STORM_MS / 1000:g} s or "
+            f"more beside heapstate's steady batches**, {runs} run{'' if runs == 1 else 's'}"
+        ),
+        "",
+        (
+            "| marking | runs | trigger growth passed | commit growth passed "
+            "| commit growth: lowest | median | highest |"
+        ),
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ratios = r["ratios"]
+        lines.append(
+            f"| {r['class']} | {r['runs']} | {r['trigger']} | {r['commit']} | {min(ratios):.2f}x | "
+            f"{median(ratios):.2f}x | {maximum(ratios):.2f}x |"
+        )
+    return lines
+
+
 def render(title: str, runs: int, rows: Sequence[dict[str, Any]]) -> list[str]:
     """A Markdown table of ``rows`` (see ``rates``) under a line naming the group and its runs."""
 
@@ -153,6 +220,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{title}, the spikes bar for every provider in runs of more than one", runs, spikes
             )
             out += [lines[0], "", "| provider" + lines[2][len("| target") :], *lines[3:], ""]
+        marking = marking_rates(groups[title])
+        if marking:
+            out += [*render_marking(title, marking), ""]
     print("\n".join(out).rstrip())
     return 0
 

@@ -158,3 +158,83 @@ def test_the_spikes_bar_is_applied_to_every_provider_of_runs_of_more_than_one(
     # Reports without a second provider print no such table.
     pass_rates.main(_write(tmp_path, [alone]))
     assert "spikes bar for every provider" not in capsys.readouterr().out
+
+
+TRIGGER_GROWTH = "median trigger at K=4,000,000 <= 1.2x K=1,000,000"
+COMMIT_GROWTH = "median commit at K=4,000,000 <= 1.2x K=1,000,000"
+
+
+def _w5(
+    marking_1m: float | None, marking_4m: float, trigger: float, commit: float
+) -> dict[str, Any]:
+    """A W5 report with heapstate's growth ratios and its marking beside the steady batches at 1M
+    and 4M (``marking_1m`` None: a report from before stop 61, which did not record it)."""
+    growth: dict[str, Any] = {"trigger_ratio": trigger, "commit_ratio": commit}
+    if marking_1m is not None:
+        growth |= {"marking_ms_from": marking_1m, "marking_ms_to": marking_4m}
+    return {
+        "benchmark": "W5",
+        "size": "full",
+        "growth": {"heapstate": growth, "hdfs": {"marking_ms_from": 5000.0, "marking_ms_to": 0.0}},
+        "targets": [
+            {"target": TRIGGER_GROWTH, "value": trigger, "limit": 1.2, "pass": trigger <= 1.2},
+            {"target": COMMIT_GROWTH, "value": commit, "limit": 1.2, "pass": commit <= 1.2},
+            {
+                "target": "longest GC pause at K=4,000,000 < 50 ms",
+                "value": 9.0,
+                "limit": 50.0,
+                "pass": True,
+            },
+        ],
+    }
+
+
+def test_marking_rates_split_the_growth_targets_by_where_g1_marked_back_to_back() -> None:
+    reports = [
+        _w5(0.0, 2077.0, 1.25, 1.28),  # w5-stop73a: marking at 4M, both fail
+        _w5(0.0, 1849.0, 1.10, 1.16),  # w5-stop72a: marking at 4M, both pass
+        _w5(1571.0, 146.0, 0.81, 0.53),  # at 1M only (146 ms at 4M is under the bar)
+        _w5(999.0, 0.0, 1.02, 1.89),  # just under the bar at 1M: neither
+        _w5(0.0, 0.0, 0.95, 0.95),
+        _w5(1000.0, 1000.0, 1.0, 1.0),  # at the bar: marking at both
+        _w5(None, 0.0, 1.5, 1.5),  # no marking recorded: left out
+        {"benchmark": "W1", "size": "full", "targets": []},
+    ]
+
+    rows = pass_rates.marking_rates(reports)
+
+    assert [(r["class"], r["runs"], r["trigger"], r["commit"], r["ratios"]) for r in rows] == [
+        ("at neither K", 2, 2, 1, [1.89, 0.95]),
+        ("at the smaller K only", 1, 1, 1, [0.53]),
+        ("at the larger K only", 2, 1, 1, [1.28, 1.16]),
+        ("at both", 1, 1, 1, [1.0]),
+    ]
+    assert pass_rates.render_marking("W5 full", rows) == [
+        (
+            "**W5 full, the growth targets by where G1 marked 1 s or more beside heapstate's "
+            "steady batches**, 6 runs"
+        ),
+        "",
+        (
+            "| marking | runs | trigger growth passed | commit growth passed "
+            "| commit growth: lowest | median | highest |"
+        ),
+        "|---|---|---|---|---|---|---|",
+        "| at neither K | 2 | 2 | 1 | 0.95x | 1.42x | 1.89x |",
+        "| at the smaller K only | 1 | 1 | 1 | 0.53x | 0.53x | 0.53x |",
+        "| at the larger K only | 2 | 1 | 1 | 1.16x | 1.22x | 1.28x |",
+        "| at both | 1 | 1 | 1 | 1.00x | 1.00x | 1.00x |",
+    ]
+
+
+def test_main_prints_the_marking_table_under_w5s_targets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "w5.json"
+    path.write_text(json.dumps(_w5(0.0, 2077.0, 1.25, 1.28)))
+
+    assert pass_rates.main([str(path)]) == 0
+
+    out = capsys.readouterr().out
+    assert out.index("| median commit at K=4,000,000") < out.index("**W5 full, the growth targets")
+    assert "| at the larger K only | 1 | 0 | 0 | 1.28x | 1.28x | 1.28x |" in out

@@ -37,6 +37,7 @@ import math
 import os
 import platform
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -140,9 +141,11 @@ its snapshots and heapstate on up to 10, and the target failed by 18 ms."""
 LEAD_IN_MAX = 20
 """At most this many lead-in batches: twice a snapshot cycle of 10 versions."""
 LEAD_IN_SETTLE_MARGIN_S = 3.0
-"""Past one maintenance interval, how long the lead-in waits before it reads the chains again
-(see ``_lead_in``): time for a snapshot that the maintenance pass began to reach the disk. An HDFS
-snapshot of a W1 store (250,000 keys) takes about a second."""
+"""Past one maintenance interval, how long the lead-in waits before it reads the chains again,
+and between the reads that follow (see ``_lead_in``): time for a snapshot that the maintenance
+pass began to reach the disk. An HDFS snapshot of a W1 store (250,000 keys) takes about a second."""
+LEAD_IN_SETTLE_READS = 5
+"""The most reads of the chains after one wait, until two agree."""
 
 
 def add_jvm_arguments(parser: argparse.ArgumentParser, heap_example: str) -> None:
@@ -406,6 +409,7 @@ def _lead_in(
     pid: int,
     first: int,
     settle_s: float = 0.0,
+    settles: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Run batches ``first``, ``first + 1`` and so on until a restart would read at least
     ``restart_journals`` journals above a snapshot in some store (see RESTART_JOURNALS), or
@@ -415,11 +419,14 @@ def _lead_in(
     The chains are read from the files after each batch. A snapshot that a provider's maintenance
     writes in the background after that read would leave the restart fewer journals than the
     lead-in saw: HDFS snapshots a store once it has more than 10 deltas above its snapshot, so in
-    ``w1-stop72a`` and ``w1-stop72b`` the chains of 10 to 12 that the measured batches left were
-    snapshotted just after they were read, and HDFS's restarts read 2 and 4 deltas. So once the
-    chains are long enough, the lead-in waits ``settle_s`` (a maintenance interval and
-    LEAD_IN_SETTLE_MARGIN_S) and reads them again, and goes on with batches if they got shorter.
-    The restart still records the chains it read (``recovery_chains``)."""
+    ``w1-stop72a`` and ``w1-stop72b`` two or three stores that the measured batches had left with
+    11 or more were snapshotted just after the chains were read, and HDFS's restarts read the
+    other stores' 2 to 6 deltas. So once the chains are long enough, the lead-in waits
+    ``settle_s`` (a maintenance interval and LEAD_IN_SETTLE_MARGIN_S), then reads them again
+    every LEAD_IN_SETTLE_MARGIN_S until two reads agree (a maintenance pass may snapshot the
+    stores one after another; at most LEAD_IN_SETTLE_READS reads), and goes on with batches if
+    they got shorter. Each wait goes to ``settles`` (the batches run before it and the chains
+    before and after). The restart still records the chains it read (``recovery_chains``)."""
     state = Path(spec["work_dir"]) / "checkpoint" / "state"
     records: list[dict[str, Any]] = []
     if not any(file_kind(f.name) == "journal" for f in state.rglob("*")):
@@ -433,6 +440,14 @@ def _lead_in(
                 break
             time.sleep(settle_s)
             settled = recovery_chains(state)
+            for _ in range(LEAD_IN_SETTLE_READS - 1):
+                time.sleep(LEAD_IN_SETTLE_MARGIN_S)
+                again = recovery_chains(state)
+                if again == settled:
+                    break
+                settled = again
+            if settles is not None:
+                settles.append({"after_batches": len(records), "before": chains, "after": settled})
             if longest_chain(settled) >= wanted:
                 break
             progress(
@@ -455,19 +470,28 @@ def _lead_in(
     return records
 
 
+_TIME_UNITS_S = {
+    "us": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "min": 60.0,
+    "h": 3600.0,
+    "d": 86400.0,
+}
+"""Spark's time-string units (``JavaUtils.timeStringAs``), in seconds."""
+
+
 def maintenance_seconds(value: str | None) -> float:
-    """Spark's ``spark.sql.streaming.stateStore.maintenanceInterval`` in seconds: a time string
-    (``5s``, ``500ms``, ``1min``) or a number of milliseconds; its default (60 s) when unset."""
-    if value is None or not value.strip():
+    """Spark's ``spark.sql.streaming.stateStore.maintenanceInterval`` in seconds, read as Spark
+    reads a time string: an integer and an optional unit (us, ms, s, m, min, h, d), without one
+    milliseconds (this conf's unit; unset, Spark gives its default as ``60000``); None: 60 s."""
+    if value is None:
         return 60.0
-    text = value.strip().lower()
-    units = (("ms", 0.001), ("min", 60.0), ("m", 60.0), ("s", 1.0), ("h", 3600.0))
-    for suffix, scale in units:
-        if text.endswith(suffix) and text[: -len(suffix)].strip().replace(".", "", 1).isdigit():
-            return float(text[: -len(suffix)]) * scale
-    if text.replace(".", "", 1).isdigit():
-        return float(text) / 1000.0
-    raise ValueError(f"{MAINTENANCE_CONF}: not a time: {value!r}")
+    found = re.fullmatch(r"(-?[0-9]+)([a-z]+)?", value.strip().lower())
+    if found is None or (found.group(2) is not None and found.group(2) not in _TIME_UNITS_S):
+        raise ValueError(f"{MAINTENANCE_CONF}: not a time: {value!r}")
+    return int(found.group(1)) * _TIME_UNITS_S[found.group(2) or "ms"]
 
 
 def _describe(provider: str, what: str, rec: dict[str, Any]) -> str:
@@ -536,6 +560,8 @@ def _run_batches(spark: Any, spec: dict[str, Any]) -> dict[str, Any]:
         "maintenance_interval": spark.conf.get(MAINTENANCE_CONF),
         "heap_baseline": jvm_heap_after_gc(spark),
     }
+    # Read before the batches, so that a value the lead-in cannot read costs no run.
+    settle_s = maintenance_seconds(result["maintenance_interval"]) + LEAD_IN_SETTLE_MARGIN_S
     files = StateFiles(work / "checkpoint" / "state")
     query = _start_query(spark, work / "input", work / "checkpoint")
     batches = []
@@ -549,8 +575,10 @@ def _run_batches(spark: Any, spec: dict[str, Any]) -> dict[str, Any]:
         result["heap_after"] = jvm_heap_after_gc(spark)
         if spec.get("restart_journals"):
             result["restart_journals"] = spec["restart_journals"]
-            settle_s = maintenance_seconds(result["maintenance_interval"]) + LEAD_IN_SETTLE_MARGIN_S
-            result["lead_in"] = _lead_in(query, spec, files, pid, len(batches), settle_s)
+            result["lead_in_settles"] = []
+            result["lead_in"] = _lead_in(
+                query, spec, files, pid, len(batches), settle_s, result["lead_in_settles"]
+            )
     finally:
         query.stop()
     result["batches"] = batches

@@ -155,18 +155,81 @@ def test_lead_in_reads_the_chains_again_after_a_maintenance_interval(
 
     monkeypatch.setattr(w1.time, "sleep", sleep)
     spec = {"work_dir": str(tmp_path / "work"), "restart_journals": 9, "provider": "hdfs"}
+    settles: list[dict[str, Any]] = []
 
-    records = w1._lead_in(None, spec, None, 0, 30, settle_s=8.0)
+    records = w1._lead_in(None, spec, None, 0, 30, settle_s=8.0, settles=settles)
 
     # Above snapshots at 0, 3, 6 and 9, the stores hold 30, 27, 24 and 21 deltas: the first wait
-    # snapshots all four at version 30; nine more batches (versions 31 to 39) leave 9 each, which
-    # the second wait keeps.
-    assert snapshotted == [[30, 30, 30, 30], []]
-    assert waits == [8.0, 8.0]
+    # snapshots all four at version 30, and a read after the margin agrees; nine more batches
+    # (versions 31 to 39) leave 9 each, which the second wait keeps.
+    assert snapshotted == [[30, 30, 30, 30], [], [], []]
+    assert waits == [8.0, w1.LEAD_IN_SETTLE_MARGIN_S, 8.0, w1.LEAD_IN_SETTLE_MARGIN_S]
     assert ran == list(range(30, 39))
     assert [c["journals_above"] for c in w1.recovery_chains(state)] == [9, 9, 9, 9]
     assert records[-1]["recovery_chains"] == w1.recovery_chains(state)
     assert "30 journals above a snapshot became 0 within 8 s" in capsys.readouterr().err
+    assert [s["after_batches"] for s in settles] == [0, 9]
+    assert [w1.longest_chain(s["before"]) for s in settles] == [30, 9]
+    assert [w1.longest_chain(s["after"]) for s in settles] == [0, 9]
+
+
+def test_lead_in_reads_again_until_a_maintenance_pass_is_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A maintenance pass that snapshots the stores one after another, one per wait: the lead-in
+    does not stop at the first read after the interval, while a long chain is left."""
+    state = _state(tmp_path)
+    for version in range(1, 31):
+        _commit(state, version, 1000)
+    ran = _fake_batches(monkeypatch, state, 1000)
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        for chain in w1.recovery_chains(state):  # the first store with more than 10 deltas
+            if chain["journals_above"] > 10:
+                (state / chain["store"] / f"{chain['version']}.snapshot").write_bytes(b"s")
+                return
+
+    monkeypatch.setattr(w1.time, "sleep", sleep)
+    spec = {"work_dir": str(tmp_path / "work"), "restart_journals": 9, "provider": "hdfs"}
+
+    w1._lead_in(None, spec, None, 0, 30, settle_s=8.0)
+
+    # Four stores over 10: snapshotted at the wait and the next three reads; the fifth read
+    # agrees with the fourth. Then nine batches and a wait that changes nothing.
+    margin = w1.LEAD_IN_SETTLE_MARGIN_S
+    assert waits == [8.0, margin, margin, margin, margin, 8.0, margin]
+    assert ran == list(range(30, 39))
+    assert [c["journals_above"] for c in w1.recovery_chains(state)] == [9, 9, 9, 9]
+
+
+def test_lead_in_with_waits_still_gives_up_after_its_most_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A provider that snapshots in the background whenever the lead-in waits never keeps a
+    long chain: the lead-in still stops at LEAD_IN_MAX batches."""
+    state = _state(tmp_path)
+    for version in range(1, 31):
+        _commit(state, version, 1000)
+    ran = _fake_batches(monkeypatch, state, 1000)
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        for chain in w1.recovery_chains(state):  # snapshot every store at its newest version
+            (state / chain["store"] / f"{chain['version']}.snapshot").write_bytes(b"s")
+
+    monkeypatch.setattr(w1.time, "sleep", sleep)
+    spec = {"work_dir": str(tmp_path / "work"), "restart_journals": 9, "provider": "hdfs"}
+
+    records = w1._lead_in(None, spec, None, 0, 30, settle_s=8.0)
+
+    assert len(records) == w1.LEAD_IN_MAX and ran == list(range(30, 30 + w1.LEAD_IN_MAX))
+    # A wait after the chains reach 9 (first from the measured batches, then at lead-in batches
+    # 9 and 18): each undone at once, its next read agreeing.
+    assert waits.count(8.0) == 3
+    assert "20 batches and no store with 9 journals above a snapshot" in capsys.readouterr().err
 
 
 def test_lead_in_without_a_background_snapshot_waits_once(
@@ -183,7 +246,7 @@ def test_lead_in_without_a_background_snapshot_waits_once(
     records = w1._lead_in(None, spec, None, 0, 30, settle_s=4.5)
 
     assert ran == [30, 31] and len(records) == 2
-    assert waits == [4.5]
+    assert waits == [4.5, w1.LEAD_IN_SETTLE_MARGIN_S]
 
 
 @pytest.mark.parametrize(
@@ -193,18 +256,22 @@ def test_lead_in_without_a_background_snapshot_waits_once(
         ("500ms", 0.5),
         ("1min", 60.0),
         ("2m", 120.0),
-        ("60000", 60.0),
+        ("1h", 3600.0),
+        ("1d", 86400.0),
+        ("2000000us", 2.0),
+        ("60000", 60.0),  # no unit: milliseconds, as Spark gives this conf's default
+        (" 5S ", 5.0),
         (None, 60.0),
-        ("1.5s", 1.5),
     ],
 )
 def test_maintenance_seconds(value: str | None, seconds: float) -> None:
     assert w1.maintenance_seconds(value) == seconds
 
 
-def test_maintenance_seconds_names_the_conf_on_a_bad_value() -> None:
-    with pytest.raises(ValueError, match=r"maintenanceInterval: not a time: 'soon'"):
-        w1.maintenance_seconds("soon")
+@pytest.mark.parametrize("value", ["soon", "1.5s", "5 s", "5sec", "", "s"])
+def test_maintenance_seconds_names_the_conf_on_a_value_spark_refuses(value: str) -> None:
+    with pytest.raises(ValueError, match=rf"maintenanceInterval: not a time: '{value}'"):
+        w1.maintenance_seconds(value)
 
 
 def test_restarts_run_the_batches_after_the_lead_in(

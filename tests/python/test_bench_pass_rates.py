@@ -165,17 +165,29 @@ COMMIT_GROWTH = "median commit at K=4,000,000 <= 1.2x K=1,000,000"
 
 
 def _w5(
-    marking_1m: float | None, marking_4m: float, trigger: float, commit: float
+    marked_1m: int | None, marked_4m: int, trigger: float, commit: float, repeat: int = 1
 ) -> dict[str, Any]:
-    """A W5 report with heapstate's growth ratios and its marking beside the steady batches at 1M
-    and 4M (``marking_1m`` None: a report from before stop 61, which did not record it)."""
-    growth: dict[str, Any] = {"trigger_ratio": trigger, "commit_ratio": commit}
-    if marking_1m is not None:
-        growth |= {"marking_ms_from": marking_1m, "marking_ms_to": marking_4m}
+    """A W5 report with heapstate's growth ratios and how many of its steady batches at 1M and 4M
+    ran beside G1 marking (``marked_1m`` None: a report that did not record it); 12 batches a
+    round, steady from batch 2, so ten steady batches a round."""
+    at_1m: dict[str, Any] = {"trigger_ms_median": 250.0}
+    if marked_1m is not None:
+        at_1m["gc_marking_batches"] = marked_1m
     return {
         "benchmark": "W5",
         "size": "full",
-        "growth": {"heapstate": growth, "hdfs": {"marking_ms_from": 5000.0, "marking_ms_to": 0.0}},
+        "params": {"keys": [100000, 1000000, 4000000], "batches": 12},
+        "steady_from_batch": 2,
+        "repeat": repeat,
+        "summary": {
+            "heapstate": {
+                "100000": {"gc_marking_batches": 10},
+                "1000000": at_1m,
+                "4000000": {"gc_marking_batches": marked_4m},
+            },
+            "hdfs": {"1000000": {"gc_marking_batches": 10}, "4000000": {"gc_marking_batches": 0}},
+        },
+        "growth": {"heapstate": {"trigger_ratio": trigger, "commit_ratio": commit}},
         "targets": [
             {"target": TRIGGER_GROWTH, "value": trigger, "limit": 1.2, "pass": trigger <= 1.2},
             {"target": COMMIT_GROWTH, "value": commit, "limit": 1.2, "pass": commit <= 1.2},
@@ -191,13 +203,13 @@ def _w5(
 
 def test_marking_rates_split_the_growth_targets_by_where_g1_marked_back_to_back() -> None:
     reports = [
-        _w5(0.0, 2077.0, 1.25, 1.28),  # w5-stop73a: marking at 4M, both fail
-        _w5(0.0, 1849.0, 1.10, 1.16),  # w5-stop72a: marking at 4M, both pass
-        _w5(1571.0, 146.0, 0.81, 0.53),  # at 1M only (146 ms at 4M is under the bar)
-        _w5(999.0, 0.0, 1.02, 1.89),  # just under the bar at 1M: neither
-        _w5(0.0, 0.0, 0.95, 0.95),
-        _w5(1000.0, 1000.0, 1.0, 1.0),  # at the bar: marking at both
-        _w5(None, 0.0, 1.5, 1.5),  # no marking recorded: left out
+        _w5(3, 11, 1.25, 1.28, repeat=2),  # w5-stop73a: 11 of 20 at 4M, both fail
+        _w5(0, 11, 1.10, 1.16, repeat=2),  # w5-stop72a: 11 of 20 at 4M, both pass
+        _w5(10, 1, 0.81, 0.53),  # w5-hs68-2: at 1M only
+        _w5(9, 4, 1.02, 1.89, repeat=2),  # 9 of 20 and 4 of 20: under half at both, neither
+        _w5(0, 0, 0.95, 0.95),  # 10 of 10 at 100K does not count: only the two largest K do
+        _w5(5, 5, 1.0, 1.0),  # half of ten at both: at the bar, so at both
+        _w5(None, 10, 1.5, 1.5),  # the smaller K's marking not recorded: left out
         {"benchmark": "W1", "size": "full", "targets": []},
     ]
 
@@ -211,7 +223,7 @@ def test_marking_rates_split_the_growth_targets_by_where_g1_marked_back_to_back(
     ]
     assert pass_rates.render_marking("W5 full", rows) == [
         (
-            "**W5 full, the growth targets by where G1 marked 1 s or more beside heapstate's "
+            "**W5 full, the growth targets by where G1 marked beside at least 50% of heapstate's "
             "steady batches**, 6 runs"
         ),
         "",
@@ -231,7 +243,7 @@ def test_main_prints_the_marking_table_under_w5s_targets(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "w5.json"
-    path.write_text(json.dumps(_w5(0.0, 2077.0, 1.25, 1.28)))
+    path.write_text(json.dumps(_w5(3, 11, 1.25, 1.28, repeat=2)))
 
     assert pass_rates.main([str(path)]) == 0
 

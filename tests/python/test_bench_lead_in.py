@@ -136,25 +136,39 @@ def _hdfs_maintenance(state: Path) -> list[int]:
     return written
 
 
+def _measured_then_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, on_wait: Any, snapshot_every: int = 1000
+) -> tuple[Path, list[int], list[float], dict[str, Any]]:
+    """The measured batches' versions 1 to 30 in four HDFS-like stores (see ``_commit``; at the
+    default ``snapshot_every`` a snapshot at version 3p in partition p only, with 30, 27, 24 and 21
+    deltas above them), the batch faked, and ``time.sleep`` replaced by one that records each wait
+    and then calls ``on_wait(state)`` (a background snapshot, or nothing). Returns the state
+    folder, the batches run, the waits and the spec."""
+    state = _state(tmp_path)
+    for version in range(1, 31):
+        _commit(state, version, snapshot_every)
+    ran = _fake_batches(monkeypatch, state, snapshot_every)
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        on_wait(state)
+
+    monkeypatch.setattr(w1.time, "sleep", sleep)
+    spec = {"work_dir": str(tmp_path / "work"), "restart_journals": 9, "provider": "hdfs"}
+    return state, ran, waits, spec
+
+
 def test_lead_in_reads_the_chains_again_after_a_maintenance_interval(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """w1-stop72a: the measured batches leave chains of 11 and more, which HDFS's maintenance
     snapshots just after they were read. The lead-in waits, sees them shorten, and runs batches
     until chains long enough survive the wait (HDFS leaves 9 and 10 alone)."""
-    state = _state(tmp_path)
-    for version in range(1, 31):
-        _commit(state, version, 1000)  # partition p snapshots at version 3p only
-    ran = _fake_batches(monkeypatch, state, 1000)
-    waits: list[float] = []
     snapshotted: list[list[int]] = []
-
-    def sleep(seconds: float) -> None:
-        waits.append(seconds)
-        snapshotted.append(_hdfs_maintenance(state))
-
-    monkeypatch.setattr(w1.time, "sleep", sleep)
-    spec = {"work_dir": str(tmp_path / "work"), "restart_journals": 9, "provider": "hdfs"}
+    state, ran, waits, spec = _measured_then_waits(
+        tmp_path, monkeypatch, lambda state: snapshotted.append(_hdfs_maintenance(state))
+    )
     settles: list[dict[str, Any]] = []
 
     records = w1._lead_in(None, spec, None, 0, 30, settle_s=8.0, settles=settles)
@@ -178,21 +192,14 @@ def test_lead_in_reads_again_until_a_maintenance_pass_is_done(
 ) -> None:
     """A maintenance pass that snapshots the stores one after another, one per wait: the lead-in
     does not stop at the first read after the interval, while a long chain is left."""
-    state = _state(tmp_path)
-    for version in range(1, 31):
-        _commit(state, version, 1000)
-    ran = _fake_batches(monkeypatch, state, 1000)
-    waits: list[float] = []
 
-    def sleep(seconds: float) -> None:
-        waits.append(seconds)
+    def snapshot_one(state: Path) -> None:
         for chain in w1.recovery_chains(state):  # the first store with more than 10 deltas
             if chain["journals_above"] > 10:
                 (state / chain["store"] / f"{chain['version']}.snapshot").write_bytes(b"s")
                 return
 
-    monkeypatch.setattr(w1.time, "sleep", sleep)
-    spec = {"work_dir": str(tmp_path / "work"), "restart_journals": 9, "provider": "hdfs"}
+    state, ran, waits, spec = _measured_then_waits(tmp_path, monkeypatch, snapshot_one)
 
     w1._lead_in(None, spec, None, 0, 30, settle_s=8.0)
 
@@ -209,19 +216,12 @@ def test_lead_in_with_waits_still_gives_up_after_its_most_batches(
 ) -> None:
     """A provider that snapshots in the background whenever the lead-in waits never keeps a
     long chain: the lead-in still stops at LEAD_IN_MAX batches."""
-    state = _state(tmp_path)
-    for version in range(1, 31):
-        _commit(state, version, 1000)
-    ran = _fake_batches(monkeypatch, state, 1000)
-    waits: list[float] = []
 
-    def sleep(seconds: float) -> None:
-        waits.append(seconds)
-        for chain in w1.recovery_chains(state):  # snapshot every store at its newest version
+    def snapshot_all(state: Path) -> None:
+        for chain in w1.recovery_chains(state):  # every store, at its newest version
             (state / chain["store"] / f"{chain['version']}.snapshot").write_bytes(b"s")
 
-    monkeypatch.setattr(w1.time, "sleep", sleep)
-    spec = {"work_dir": str(tmp_path / "work"), "restart_journals": 9, "provider": "hdfs"}
+    _, ran, waits, spec = _measured_then_waits(tmp_path, monkeypatch, snapshot_all)
 
     records = w1._lead_in(None, spec, None, 0, 30, settle_s=8.0)
 
@@ -235,13 +235,9 @@ def test_lead_in_with_waits_still_gives_up_after_its_most_batches(
 def test_lead_in_without_a_background_snapshot_waits_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    state = _state(tmp_path)
-    for version in range(1, 31):
-        _commit(state, version, 10)
-    ran = _fake_batches(monkeypatch, state, 10)
-    waits: list[float] = []
-    monkeypatch.setattr(w1.time, "sleep", waits.append)
-    spec = {"work_dir": str(tmp_path / "work"), "restart_journals": 9, "provider": "heapstate"}
+    _, ran, waits, spec = _measured_then_waits(
+        tmp_path, monkeypatch, lambda state: None, snapshot_every=10
+    )
 
     records = w1._lead_in(None, spec, None, 0, 30, settle_s=4.5)
 

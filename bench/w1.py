@@ -43,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -410,6 +410,7 @@ def _lead_in(
     first: int,
     settle_s: float = 0.0,
     settles: list[dict[str, Any]] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> list[dict[str, Any]]:
     """Run batches ``first``, ``first + 1`` and so on until a restart would read at least
     ``restart_journals`` journals above a snapshot in some store (see RESTART_JOURNALS), or
@@ -426,7 +427,8 @@ def _lead_in(
     every LEAD_IN_SETTLE_MARGIN_S until two reads agree (a maintenance pass may snapshot the
     stores one after another; at most LEAD_IN_SETTLE_READS reads), and goes on with batches if
     they got shorter. Each wait goes to ``settles`` (the batches run before it and the chains
-    before and after). The restart still records the chains it read (``recovery_chains``)."""
+    before and after). The restart still records the chains it read (``recovery_chains``).
+    ``sleep`` waits (tests pass their own)."""
     state = Path(spec["work_dir"]) / "checkpoint" / "state"
     records: list[dict[str, Any]] = []
     if not any(file_kind(f.name) == "journal" for f in state.rglob("*")):
@@ -438,10 +440,10 @@ def _lead_in(
         if longest_chain(chains) >= wanted:
             if settle_s <= 0:
                 break
-            time.sleep(settle_s)
+            sleep(settle_s)
             settled = recovery_chains(state)
             for _ in range(LEAD_IN_SETTLE_READS - 1):
-                time.sleep(LEAD_IN_SETTLE_MARGIN_S)
+                sleep(LEAD_IN_SETTLE_MARGIN_S)
                 again = recovery_chains(state)
                 if again == settled:
                     break

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +139,7 @@ def _hdfs_maintenance(state: Path) -> list[int]:
 
 def _measured_then_waits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, on_wait: Any, snapshot_every: int = 1000
-) -> tuple[Path, list[int], list[float], dict[str, Any]]:
+) -> tuple[Path, list[int], list[float], dict[str, Any], Callable[[float], None]]:
     """The measured batches' versions 1 to 30 in four HDFS-like stores (see ``_commit``; at the
     default ``snapshot_every`` a snapshot at version 3p in partition p only, with 30, 27, 24 and 21
     deltas above them), the batch faked, and ``time.sleep`` replaced by one that records each wait
@@ -154,9 +155,8 @@ def _measured_then_waits(
         waits.append(seconds)
         on_wait(state)
 
-    monkeypatch.setattr(w1.time, "sleep", sleep)
     spec = {"work_dir": str(tmp_path / "work"), "restart_journals": 9, "provider": "hdfs"}
-    return state, ran, waits, spec
+    return state, ran, waits, spec, sleep
 
 
 def test_lead_in_reads_the_chains_again_after_a_maintenance_interval(
@@ -166,12 +166,12 @@ def test_lead_in_reads_the_chains_again_after_a_maintenance_interval(
     snapshots just after they were read. The lead-in waits, sees them shorten, and runs batches
     until chains long enough survive the wait (HDFS leaves 9 and 10 alone)."""
     snapshotted: list[list[int]] = []
-    state, ran, waits, spec = _measured_then_waits(
+    state, ran, waits, spec, sleep = _measured_then_waits(
         tmp_path, monkeypatch, lambda state: snapshotted.append(_hdfs_maintenance(state))
     )
     settles: list[dict[str, Any]] = []
 
-    records = w1._lead_in(None, spec, None, 0, 30, settle_s=8.0, settles=settles)
+    records = w1._lead_in(None, spec, None, 0, 30, settle_s=8.0, settles=settles, sleep=sleep)
 
     # Above snapshots at 0, 3, 6 and 9, the stores hold 30, 27, 24 and 21 deltas: the first wait
     # snapshots all four at version 30, and a read after the margin agrees; nine more batches
@@ -199,9 +199,9 @@ def test_lead_in_reads_again_until_a_maintenance_pass_is_done(
                 (state / chain["store"] / f"{chain['version']}.snapshot").write_bytes(b"s")
                 return
 
-    state, ran, waits, spec = _measured_then_waits(tmp_path, monkeypatch, snapshot_one)
+    state, ran, waits, spec, sleep = _measured_then_waits(tmp_path, monkeypatch, snapshot_one)
 
-    w1._lead_in(None, spec, None, 0, 30, settle_s=8.0)
+    w1._lead_in(None, spec, None, 0, 30, settle_s=8.0, sleep=sleep)
 
     # Four stores over 10: snapshotted at the wait and the next three reads; the fifth read
     # agrees with the fourth. Then nine batches and a wait that changes nothing.
@@ -221,9 +221,9 @@ def test_lead_in_with_waits_still_gives_up_after_its_most_batches(
         for chain in w1.recovery_chains(state):  # every store, at its newest version
             (state / chain["store"] / f"{chain['version']}.snapshot").write_bytes(b"s")
 
-    _, ran, waits, spec = _measured_then_waits(tmp_path, monkeypatch, snapshot_all)
+    _, ran, waits, spec, sleep = _measured_then_waits(tmp_path, monkeypatch, snapshot_all)
 
-    records = w1._lead_in(None, spec, None, 0, 30, settle_s=8.0)
+    records = w1._lead_in(None, spec, None, 0, 30, settle_s=8.0, sleep=sleep)
 
     assert len(records) == w1.LEAD_IN_MAX and ran == list(range(30, 30 + w1.LEAD_IN_MAX))
     # A wait after the chains reach 9 (first from the measured batches, then at lead-in batches
@@ -235,11 +235,11 @@ def test_lead_in_with_waits_still_gives_up_after_its_most_batches(
 def test_lead_in_without_a_background_snapshot_waits_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _, ran, waits, spec = _measured_then_waits(
+    _, ran, waits, spec, sleep = _measured_then_waits(
         tmp_path, monkeypatch, lambda state: None, snapshot_every=10
     )
 
-    records = w1._lead_in(None, spec, None, 0, 30, settle_s=4.5)
+    records = w1._lead_in(None, spec, None, 0, 30, settle_s=4.5, sleep=sleep)
 
     assert ran == [30, 31] and len(records) == 2
     assert waits == [4.5, w1.LEAD_IN_SETTLE_MARGIN_S]

@@ -445,9 +445,16 @@ def marking_ms_between(cycles: Sequence[dict[str, Any]], start_ms: float, end_ms
     )
 
 
+def pause_records_between(
+    pauses: Sequence[dict[str, Any]], start_ms: float, end_ms: float
+) -> list[dict[str, Any]]:
+    """The records of ``pauses`` that ended within ``[start_ms, end_ms]`` (epoch ms), in order."""
+    return [p for p in pauses if start_ms <= p["end_epoch_ms"] <= end_ms]
+
+
 def pauses_between(pauses: Sequence[dict[str, Any]], start_ms: float, end_ms: float) -> list[float]:
     """The pause times (ms) of ``pauses`` that ended within ``[start_ms, end_ms]`` (epoch ms)."""
-    return [p["pause_ms"] for p in pauses if start_ms <= p["end_epoch_ms"] <= end_ms]
+    return [p["pause_ms"] for p in pause_records_between(pauses, start_ms, end_ms)]
 
 
 FILE_KINDS = ("journal", "snapshot", "rocksdb-sst", "rocksdb-zip", "other")

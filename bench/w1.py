@@ -79,6 +79,7 @@ from _common import (
     median,
     parse_confs,
     parse_providers,
+    pause_records_between,
     pauses_between,
     print_comparison,
     proc_counters,
@@ -703,8 +704,9 @@ def steady_pause_records(run: dict[str, Any]) -> list[tuple[int, dict[str, Any]]
         (b["batch"], p)
         for b in run["batches"]
         if b["batch"] >= STEADY_FROM and b.get("start_epoch_ms") is not None
-        for p in run.get("gc_pauses", [])
-        if b["start_epoch_ms"] <= p["end_epoch_ms"] <= b["end_epoch_ms"]
+        for p in pause_records_between(
+            run.get("gc_pauses", []), b["start_epoch_ms"], b["end_epoch_ms"]
+        )
     ]
 
 

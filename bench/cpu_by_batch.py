@@ -1,4 +1,5 @@
-"""Where each micro-batch's CPU time went: a CPU profile of a W1 or W5 worker, cut at its batches.
+"""Where each micro-batch's CPU time (or heap allocation) went: a profile of a W1 or W5 worker, cut
+at its batches.
 
 A batch's trigger time says how long it took, not what ran meanwhile. On a 2-core machine the
 task threads share the cores with the JIT compiler, the garbage collector, the driver's planning
@@ -22,6 +23,22 @@ rest, which is where a spike's cause shows. One recording per worker JVM (``%p``
 name is its process id); pick the one whose samples cover the run's batches. A W5 report of
 ``--repeat N`` holds each run N times, each in a JVM of its own: ``--round R`` (from 1, the
 default) picks the round the recording was made in.
+
+With ``--alloc`` the same cut is made of the JDK's own allocation samples
+(``jdk.ObjectAllocationSample``): MB allocated in each batch by the same categories (no page
+zeroing), then the sites that allocated most in the steady batches, each named by its first store
+frame (heapstate's, RocksDB's or HDFS's provider) or else by the allocating method. Record them
+with the JDK's flight recorder instead of async-profiler, one worker at a time (``--restart none``;
+every JVM of a run writes to the same file)::
+
+    .venv/bin/python bench/w1.py --size full --batches 30 --restart none --providers heapstate \
+        --java-option=-XX:StartFlightRecording=settings=profile,filename=/tmp/alloc.jfr
+    .venv/bin/python bench/cpu_by_batch.py report --alloc --recording /tmp/alloc.jfr \
+        --report bench/results/w1-....json --run heapstate
+
+Each sample stands for the bytes the JVM allocated in its thread since the last one (its
+``weight``), so the figures are estimates, close over many samples and rough for one site in one
+batch. ``jfr print`` writes the weights rounded to a tenth of a kB or MB.
 
 async-profiler comes from Maven Central (``tools.profiler:async-profiler``, Linux x64), or from
 the mirror ``~/.m2/settings.xml`` names, into ``~/.cache/heapstate``. Reading the recording needs
@@ -86,13 +103,19 @@ _STORE_FRAME = re.compile(
 )
 
 
+ALLOC_CATEGORIES = tuple(c for c in CATEGORIES if c != "page zeroing")
+"""The categories of allocation samples (``--alloc``): the kernel's page zeroing allocates nothing."""
+
+
 @dataclass(frozen=True)
 class Sample:
-    """One CPU sample: when (epoch ms), which thread, and its frames from the leaf down."""
+    """One sample: when (epoch ms), which thread, and its frames from the leaf down; for an
+    allocation sample, the bytes it stands for (``weight``; 0 for a CPU sample)."""
 
     epoch_ms: float
     thread: str
     frames: tuple[str, ...]
+    weight: float = 0.0
 
 
 def categorize(sample: Sample) -> str:
@@ -109,20 +132,25 @@ def categorize(sample: Sample) -> str:
     return kind
 
 
-_EVENT = re.compile(r"^jdk\.ExecutionSample \{")
+_EVENT = re.compile(r"^jdk\.(ExecutionSample|ObjectAllocationSample) \{")
 _TIME = re.compile(r"startTime = (\d+):(\d+):(\d+)\.(\d+)")
-_THREAD = re.compile(r'sampledThread = "([^"]*)"')
+_THREAD = re.compile(r'(?:sampledThread|eventThread) = "([^"]*)"')
+_WEIGHT = re.compile(r"^\s*weight = ([\d.]+) (bytes|byte|kB|MB|GB)\s*$")
+_UNIT = {"byte": 1, "bytes": 1, "kB": 1024, "MB": 1024**2, "GB": 1024**3}
 _FRAME = re.compile(r"^\s{4}(\S.*?)(?:\s+line: \d+)?(?:\s+bci: \d+)?\s*$")
 
 
 def parse_samples(lines: Iterable[str], start: dt.datetime) -> Iterator[Sample]:
-    """The samples in ``jfr print --events jdk.ExecutionSample`` output (run with ``TZ=UTC``).
+    """The samples in ``jfr print --events jdk.ExecutionSample`` output (run with ``TZ=UTC``), or
+    in that of ``jdk.ObjectAllocationSample`` (with their weights: ``jfr print`` writes kB, MB
+    and GB of 1,024).
 
     That output gives each sample's time of day only; ``start``, the recording's start in UTC,
     gives the date, and a time of day before the start's is taken as the next day's."""
     time: float | None = None
     thread = ""
     frames: list[str] = []
+    weight = 0.0
     in_stack = False
 
     def at(h: int, m: int, s: int, fraction: str) -> float:
@@ -135,12 +163,14 @@ def parse_samples(lines: Iterable[str], start: dt.datetime) -> Iterator[Sample]:
     for line in lines:
         if _EVENT.match(line):
             if time is not None:
-                yield Sample(time, thread, tuple(frames))
-            time, thread, frames, in_stack = None, "", [], False
+                yield Sample(time, thread, tuple(frames), weight)
+            time, thread, frames, weight, in_stack = None, "", [], 0.0, False
         elif (m := _TIME.search(line)) is not None and time is None:
             time = at(int(m[1]), int(m[2]), int(m[3]), m[4])
         elif (m := _THREAD.search(line)) is not None and not thread:
             thread = m[1]
+        elif not in_stack and (m := _WEIGHT.match(line)) is not None:
+            weight = float(m[1]) * _UNIT[m[2]]
         elif "stackTrace = [" in line:
             in_stack = True
         elif (in_stack and line.strip() in ("]", "...")) or line.startswith("}"):
@@ -148,28 +178,71 @@ def parse_samples(lines: Iterable[str], start: dt.datetime) -> Iterator[Sample]:
         elif in_stack and (m := _FRAME.match(line)) is not None:
             frames.append(m[1].lstrip("."))
     if time is not None:
-        yield Sample(time, thread, tuple(frames))
+        yield Sample(time, thread, tuple(frames), weight)
+
+
+def _batch_of(windows: Sequence[tuple[float, float, int]], epoch_ms: float) -> int | None:
+    """The batch whose start and end hold ``epoch_ms`` (the earlier one at a boundary)."""
+    for start, end, batch in windows:
+        if start <= epoch_ms <= end:
+            return batch
+    return None
+
+
+def _windows(batches: Sequence[dict[str, Any]]) -> list[tuple[float, float, int]]:
+    return sorted((b["start_epoch_ms"], b["end_epoch_ms"], b["batch"]) for b in batches)
 
 
 def by_batch(
-    samples: Iterable[Sample], batches: Sequence[dict[str, Any]], interval_ms: float
+    samples: Iterable[Sample], batches: Sequence[dict[str, Any]], interval_ms: float | None
 ) -> dict[int, Counter[str]]:
-    """CPU ms per category for each batch, from the samples inside its start and end."""
-    windows = sorted((b["start_epoch_ms"], b["end_epoch_ms"], b["batch"]) for b in batches)
+    """Per category for each batch, from the samples inside its start and end: CPU ms, each
+    sample counting ``interval_ms``; or, with ``interval_ms`` None, MB allocated (the samples'
+    weights)."""
+    windows = _windows(batches)
     out: dict[int, Counter[str]] = {b["batch"]: Counter() for b in batches}
     for s in samples:
-        for start, end, batch in windows:
-            if start <= s.epoch_ms <= end:
-                out[batch][categorize(s)] += interval_ms
-                break
+        batch = _batch_of(windows, s.epoch_ms)
+        if batch is not None:
+            out[batch][categorize(s)] += s.weight / 1e6 if interval_ms is None else interval_ms
     return out
 
 
+def site(sample: Sample) -> str:
+    """Where an allocation sample was made: its first store frame (see ``categorize``), or else its
+    allocating method; without the arguments."""
+    store = [f for f in sample.frames if _STORE_FRAME.match(f)]
+    frame = store[0] if store else (sample.frames[0] if sample.frames else "(no stack)")
+    return frame.split("(", 1)[0]
+
+
+def top_sites(
+    samples: Iterable[Sample],
+    batches: Sequence[dict[str, Any]],
+    steady_from: int = 2,
+    limit: int = 15,
+) -> list[tuple[str, str, float]]:
+    """The ``limit`` sites (``site``) that allocated most in the steady batches, with their
+    category: (category, site, mean MB a steady batch), largest first."""
+    steady = [b for b in batches if b["batch"] >= steady_from]
+    windows = _windows(steady)
+    total: Counter[tuple[str, str]] = Counter()
+    for s in samples:
+        if _batch_of(windows, s.epoch_ms) is not None:
+            total[(categorize(s), site(s))] += s.weight / 1e6
+    n = max(1, len(steady))
+    return [(cat, where, mb / n) for (cat, where), mb in total.most_common(limit)]
+
+
 def summary_rows(
-    batches: Sequence[dict[str, Any]], cpu: dict[int, Counter[str]], steady_from: int = 2
+    batches: Sequence[dict[str, Any]],
+    cpu: dict[int, Counter[str]],
+    steady_from: int = 2,
+    categories: Sequence[str] = CATEGORIES,
 ) -> list[tuple[str, dict[str, float], float]]:
-    """Mean trigger ms and mean CPU ms per category over the steady batches, their slowest
-    quarter (at least one) and the rest: (label, means by category, mean trigger)."""
+    """Mean trigger ms and the mean per category (CPU ms, or MB allocated) over the steady
+    batches, their slowest quarter (at least one) and the rest: (label, means by category, mean
+    trigger)."""
     steady = [b for b in batches if b["batch"] >= steady_from]
     if not steady:
         return []
@@ -179,7 +252,7 @@ def summary_rows(
 
     def mean(group: Sequence[dict[str, Any]]) -> tuple[dict[str, float], float]:
         n = len(group)
-        cats = {c: sum(cpu[b["batch"]][c] for b in group) / n for c in CATEGORIES}
+        cats = {c: sum(cpu[b["batch"]][c] for b in group) / n for c in categories}
         return cats, sum(b["trigger_ms"] for b in group) / n
 
     rows = [(f"steady batches ({len(steady)})", *mean(steady))]
@@ -189,17 +262,28 @@ def summary_rows(
     return rows
 
 
-def print_table(batches: Sequence[dict[str, Any]], cpu: dict[int, Counter[str]]) -> None:
-    head = f"{'batch':>5} {'trigger':>8} " + " ".join(f"{c:>{max(7, len(c))}}" for c in CATEGORIES)
-    print("CPU ms in each batch, by where it went (all threads of the worker's JVM)")
+def print_table(
+    batches: Sequence[dict[str, Any]], cpu: dict[int, Counter[str]], alloc: bool = False
+) -> None:
+    categories = ALLOC_CATEGORIES if alloc else CATEGORIES
+    what = "MB allocated" if alloc else "CPU ms"
+    head = f"{'batch':>5} {'trigger':>8} " + " ".join(f"{c:>{max(7, len(c))}}" for c in categories)
+    print(f"{what} in each batch, by where it went (all threads of the worker's JVM)")
     print(head)
     for b in batches:
-        cells = " ".join(f"{cpu[b['batch']][c]:>{max(7, len(c))}.0f}" for c in CATEGORIES)
+        cells = " ".join(f"{cpu[b['batch']][c]:>{max(7, len(c))}.0f}" for c in categories)
         print(f"{b['batch']:>5} {b['trigger_ms']:>8.0f} {cells}")
     print()
-    for label, cats, trigger in summary_rows(batches, cpu):
-        cells = " ".join(f"{cats[c]:>{max(7, len(c))}.0f}" for c in CATEGORIES)
-        print(f"{label:<26} mean trigger {trigger:6.0f} ms; mean CPU ms: {cells}")
+    for label, cats, trigger in summary_rows(batches, cpu, categories=categories):
+        cells = " ".join(f"{cats[c]:>{max(7, len(c))}.0f}" for c in categories)
+        print(f"{label:<26} mean trigger {trigger:6.0f} ms; mean {what}: {cells}")
+
+
+def print_sites(sites: Sequence[tuple[str, str, float]]) -> None:
+    print()
+    print("Where the steady batches allocated most (MB a batch, by category and site)")
+    for category, where, mb in sites:
+        print(f"{mb:8.1f}  {category:<16} {where}")
 
 
 def fetch_profiler(cache: Path = CACHE) -> Path:
@@ -299,6 +383,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--interval-ms", type=float, default=INTERVAL_MS, help="the recording's sampling interval"
     )
     rep.add_argument(
+        "--alloc",
+        action="store_true",
+        help="cut the JDK's allocation samples (jdk.ObjectAllocationSample) instead of CPU samples",
+    )
+    rep.add_argument(
         "--restarts",
         action="store_true",
         help="cut at the run's fresh-process restart batches (W1) instead",
@@ -318,22 +407,26 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(f"no recording at {recording}")
     batches = run_batches(Path(args.report), args.run, args.restarts, args.round)
     start = recording_start(recording, jfr)
+    event = "jdk.ObjectAllocationSample" if args.alloc else "jdk.ExecutionSample"
     printed = subprocess.Popen(
-        [jfr, "print", "--events", "jdk.ExecutionSample", "--stack-depth", "128", str(recording)],
+        [jfr, "print", "--events", event, "--stack-depth", "128", str(recording)],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "TZ": "UTC"},
     )
     assert printed.stdout is not None
-    cpu = by_batch(parse_samples(printed.stdout, start), batches, args.interval_ms)
+    samples = list(parse_samples(printed.stdout, start))
     if printed.wait() != 0:
         raise SystemExit(f"jfr print failed on {recording}")
+    cpu = by_batch(samples, batches, None if args.alloc else args.interval_ms)
     if not any(sum(c.values()) for c in cpu.values()):
         sys.exit(
-            f"no sample of {recording} falls inside a batch of round {args.round} of run "
+            f"no {event} sample of {recording} falls inside a batch of round {args.round} of run "
             f"'{args.run}': another worker's recording?"
         )
-    print_table(batches, cpu)
+    print_table(batches, cpu, alloc=args.alloc)
+    if args.alloc:
+        print_sites(top_sites(samples, batches))
 
 
 if __name__ == "__main__":

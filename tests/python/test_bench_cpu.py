@@ -193,3 +193,132 @@ def test_restart_batches_are_the_runs_fresh_process_restarts(tmp_path: Path) -> 
     )
     assert cpu.run_batches(report, "heapstate", restarts=True) == [restart]
     assert cpu.run_batches(report, "heapstate") == [{"batch": 0}]
+
+
+# What `jfr print --events jdk.ObjectAllocationSample` writes for the JDK's own recorder, cut down:
+# heapstate's put in a task thread, Spark's broadcast in the driver, and the snapshot thread.
+ALLOCATIONS = """\
+jdk.ObjectAllocationSample {
+  startTime = 23:59:59.250
+  objectClass = byte[] (classLoader = bootstrap)
+  weight = 1.5 MB
+  eventThread = "Executor task launch worker for task 1.0 in stage 3.0 (TID 13)" (javaThreadId = 85)
+  stackTrace = [
+    heapstate.engine.Entry$.copyOf(byte[], int, int) line: 1084
+    heapstate.HeapStateStoreProvider$HeapStore.put(UnsafeRow, UnsafeRow, String) line: 456
+    org.apache.spark.executor.Executor$TaskRunner.run() line: 620
+  ]
+}
+
+jdk.ObjectAllocationSample {
+  startTime = 23:59:59.500
+  objectClass = java.nio.HeapByteBuffer (classLoader = bootstrap)
+  weight = 4.0 MB
+  eventThread = "stream execution thread for [id = 1]" (javaThreadId = 60)
+  stackTrace = [
+    java.nio.HeapByteBuffer.<init>(int, int, MemorySegment) line: 64
+    java.nio.ByteBuffer.allocate(int) line: 363
+    ...
+  ]
+}
+
+jdk.ObjectAllocationSample {
+  startTime = 23:59:59.750
+  objectClass = long[] (classLoader = bootstrap)
+  weight = 512.5 kB
+  eventThread = "heapstate-snapshot" (javaThreadId = 90)
+  stackTrace = [
+    heapstate.io.SnapshotFileWriter.bucketStarts() line: 421
+  ]
+}
+
+jdk.ObjectAllocationSample {
+  startTime = 00:00:00.100
+  objectClass = java.lang.Object (classLoader = bootstrap)
+  weight = 24 bytes
+  eventThread = "Executor task launch worker for task 2.0 in stage 3.0 (TID 14)" (javaThreadId = 86)
+  stackTrace = [
+    java.lang.Object.<init>() line: 44
+  ]
+}
+"""
+
+
+def test_allocation_samples_are_read_with_their_weights() -> None:
+    samples = list(cpu.parse_samples(ALLOCATIONS.splitlines(keepends=True), START))
+    day = START.timestamp() * 1000
+    assert [s.epoch_ms for s in samples] == [day + 1250, day + 1500, day + 1750, day + 2100]
+    assert [s.weight for s in samples] == [1.5 * 1024**2, 4.0 * 1024**2, 512.5 * 1024, 24]
+    assert [s.thread for s in samples] == [
+        "Executor task launch worker for task 1.0 in stage 3.0 (TID 13)",
+        "stream execution thread for [id = 1]",
+        "heapstate-snapshot",
+        "Executor task launch worker for task 2.0 in stage 3.0 (TID 14)",
+    ]
+    assert samples[1].frames == (
+        "java.nio.HeapByteBuffer.<init>(int, int, MemorySegment)",
+        "java.nio.ByteBuffer.allocate(int)",
+    )
+    assert [cpu.categorize(s) for s in samples] == [
+        "store",
+        "driver",
+        "store background",
+        "spark task",
+    ]
+    assert [cpu.site(s) for s in samples] == [
+        "heapstate.engine.Entry$.copyOf",
+        "java.nio.HeapByteBuffer.<init>",
+        "heapstate.io.SnapshotFileWriter.bucketStarts",
+        "java.lang.Object.<init>",
+    ]
+    # A CPU sample weighs nothing: its batch counts the interval instead.
+    cpu_samples = list(cpu.parse_samples(PRINTED.splitlines(keepends=True), START))
+    assert [s.weight for s in cpu_samples] == [0.0, 0.0, 0.0]
+
+
+def test_allocations_are_cut_at_the_batches_in_mb_and_ranked_by_site() -> None:
+    task = "Executor task launch worker for task 1"
+
+    def sample(ms: float, thread: str, frames: tuple[str, ...], mb: float) -> cpu.Sample:
+        return cpu.Sample(ms, thread, frames, mb * 1e6)
+
+    put = (
+        "heapstate.engine.Key$.copyOf(byte[])",
+        "heapstate.HeapStateStoreProvider$HeapStore.put()",
+    )
+    samples = [
+        sample(1500, task, put, 9.0),  # batch 1: not a steady batch
+        sample(2500, task, put, 2.0),
+        sample(2600, task, ("org.apache.spark.sql.catalyst.expressions.UnsafeRow.copy()",), 8.0),
+        sample(3500, task, put, 1.0),
+        sample(
+            3600, "stream execution thread for q", ("java.nio.HeapByteBuffer.<init>(int)",), 4.0
+        ),
+        sample(9000, task, put, 50.0),  # after every batch
+    ]
+    batches = [
+        {"batch": 1, "start_epoch_ms": 1000, "end_epoch_ms": 2000, "trigger_ms": 1000},
+        {"batch": 2, "start_epoch_ms": 2000, "end_epoch_ms": 3000, "trigger_ms": 900},
+        {"batch": 3, "start_epoch_ms": 3000, "end_epoch_ms": 4000, "trigger_ms": 300},
+    ]
+    got = cpu.by_batch(samples, batches, interval_ms=None)
+    assert dict(got[1]) == {"store": 9.0}
+    assert dict(got[2]) == {"store": 2.0, "spark task": 8.0}
+    assert dict(got[3]) == {"store": 1.0, "driver": 4.0}
+
+    assert cpu.top_sites(samples, batches) == [
+        ("spark task", "org.apache.spark.sql.catalyst.expressions.UnsafeRow.copy", 4.0),
+        ("driver", "java.nio.HeapByteBuffer.<init>", 2.0),
+        ("store", "heapstate.engine.Key$.copyOf", 1.5),
+    ]
+    assert cpu.top_sites(samples, batches, limit=1) == [
+        ("spark task", "org.apache.spark.sql.catalyst.expressions.UnsafeRow.copy", 4.0)
+    ]
+
+    rows = cpu.summary_rows(batches, got, categories=cpu.ALLOC_CATEGORIES)
+    steady = rows[0]
+    assert steady[0] == "steady batches (2)"
+    assert (
+        steady[1]["store"] == 1.5 and steady[1]["spark task"] == 4.0 and steady[1]["driver"] == 2.0
+    )
+    assert "page zeroing" not in steady[1]

@@ -25,20 +25,22 @@ name is its process id); pick the one whose samples cover the run's batches. A W
 default) picks the round the recording was made in.
 
 With ``--alloc`` the same cut is made of the JDK's own allocation samples
-(``jdk.ObjectAllocationSample``): MB allocated in each batch by the same categories (no page
+(``jdk.ObjectAllocationSample``): MiB allocated in each batch by the same categories (no page
 zeroing), then the sites that allocated most in the steady batches, each named by its first store
 frame (heapstate's, RocksDB's or HDFS's provider) or else by the allocating method. Record them
-with the JDK's flight recorder instead of async-profiler, one worker at a time (``--restart none``;
-every JVM of a run writes to the same file)::
+with the JDK's flight recorder instead of async-profiler, for one provider with no restart (every
+JVM given the option writes to the same file)::
 
-    .venv/bin/python bench/w1.py --size full --batches 30 --restart none --providers heapstate \
+    .venv/bin/python bench/w1.py --size full --batches 30 --maintenance-interval 5s --restart none \
+        --providers heapstate \
         --java-option=-XX:StartFlightRecording=settings=profile,filename=/tmp/alloc.jfr
     .venv/bin/python bench/cpu_by_batch.py report --alloc --recording /tmp/alloc.jfr \
         --report bench/results/w1-....json --run heapstate
 
 Each sample stands for the bytes the JVM allocated in its thread since the last one (its
 ``weight``), so the figures are estimates, close over many samples and rough for one site in one
-batch. ``jfr print`` writes the weights rounded to a tenth of a kB or MB.
+batch. ``jfr print`` writes the weights rounded to a tenth of a KiB or MiB (it calls them kB and
+MB), in the JVM's language, so the script runs it in English.
 
 async-profiler comes from Maven Central (``tools.profiler:async-profiler``, Linux x64), or from
 the mirror ``~/.m2/settings.xml`` names, into ``~/.cache/heapstate``. Reading the recording needs
@@ -103,6 +105,9 @@ _STORE_FRAME = re.compile(
 )
 
 
+MIB = 1024 * 1024
+"""Bytes in a MiB: ``--alloc`` reports MiB, the unit ``jfr print``'s "MB" and G1's logs use."""
+
 ALLOC_CATEGORIES = tuple(c for c in CATEGORIES if c != "page zeroing")
 """The categories of allocation samples (``--alloc``): the kernel's page zeroing allocates nothing."""
 
@@ -110,12 +115,12 @@ ALLOC_CATEGORIES = tuple(c for c in CATEGORIES if c != "page zeroing")
 @dataclass(frozen=True)
 class Sample:
     """One sample: when (epoch ms), which thread, and its frames from the leaf down; for an
-    allocation sample, the bytes it stands for (``weight``; 0 for a CPU sample)."""
+    allocation sample, the bytes it stands for (``weight``; None for a CPU sample)."""
 
     epoch_ms: float
     thread: str
     frames: tuple[str, ...]
-    weight: float = 0.0
+    weight: float | None = None
 
 
 def categorize(sample: Sample) -> str:
@@ -132,10 +137,11 @@ def categorize(sample: Sample) -> str:
     return kind
 
 
-_EVENT = re.compile(r"^jdk\.(ExecutionSample|ObjectAllocationSample) \{")
+_EVENT = re.compile(r"^jdk\.(?:ExecutionSample|(ObjectAllocationSample)) \{")
 _TIME = re.compile(r"startTime = (\d+):(\d+):(\d+)\.(\d+)")
 _THREAD = re.compile(r'(?:sampledThread|eventThread) = "([^"]*)"')
 _WEIGHT = re.compile(r"^\s*weight = ([\d.]+) (bytes|byte|kB|MB|GB)\s*$")
+_ANY_WEIGHT = re.compile(r"^\s*weight = ")
 _UNIT = {"byte": 1, "bytes": 1, "kB": 1024, "MB": 1024**2, "GB": 1024**3}
 _FRAME = re.compile(r"^\s{4}(\S.*?)(?:\s+line: \d+)?(?:\s+bci: \d+)?\s*$")
 
@@ -143,14 +149,16 @@ _FRAME = re.compile(r"^\s{4}(\S.*?)(?:\s+line: \d+)?(?:\s+bci: \d+)?\s*$")
 def parse_samples(lines: Iterable[str], start: dt.datetime) -> Iterator[Sample]:
     """The samples in ``jfr print --events jdk.ExecutionSample`` output (run with ``TZ=UTC``), or
     in that of ``jdk.ObjectAllocationSample`` (with their weights: ``jfr print`` writes kB, MB
-    and GB of 1,024).
+    and GB of 1,024, in English; ``JFR_COMMAND``). An allocation sample whose weight is missing or
+    unreadable stops the parse, naming its time: it would count as nothing.
 
     That output gives each sample's time of day only; ``start``, the recording's start in UTC,
     gives the date, and a time of day before the start's is taken as the next day's."""
     time: float | None = None
     thread = ""
     frames: list[str] = []
-    weight = 0.0
+    weight: float | None = None
+    allocation = False
     in_stack = False
 
     def at(h: int, m: int, s: int, fraction: str) -> float:
@@ -160,17 +168,29 @@ def parse_samples(lines: Iterable[str], start: dt.datetime) -> Iterator[Sample]:
             moment += dt.timedelta(days=1)
         return moment.timestamp() * 1000 + float("0." + fraction) * 1000
 
+    def sample() -> Sample:
+        assert time is not None
+        if allocation and weight is None:
+            moment = dt.datetime.fromtimestamp(time / 1000, dt.timezone.utc)
+            raise SystemExit(
+                f"the allocation sample at {moment:%H:%M:%S.%f} UTC has no weight this script "
+                "can read (it reads bytes, kB, MB and GB as jfr print writes them in English)"
+            )
+        return Sample(time, thread, tuple(frames), weight)
+
     for line in lines:
-        if _EVENT.match(line):
+        if (e := _EVENT.match(line)) is not None:
             if time is not None:
-                yield Sample(time, thread, tuple(frames), weight)
-            time, thread, frames, weight, in_stack = None, "", [], 0.0, False
+                yield sample()
+            time, thread, frames, weight, in_stack = None, "", [], None, False
+            allocation = e[1] is not None
         elif (m := _TIME.search(line)) is not None and time is None:
             time = at(int(m[1]), int(m[2]), int(m[3]), m[4])
         elif (m := _THREAD.search(line)) is not None and not thread:
             thread = m[1]
-        elif not in_stack and (m := _WEIGHT.match(line)) is not None:
-            weight = float(m[1]) * _UNIT[m[2]]
+        elif not in_stack and _ANY_WEIGHT.match(line):
+            m = _WEIGHT.match(line)
+            weight = None if m is None else float(m[1]) * _UNIT[m[2]]
         elif "stackTrace = [" in line:
             in_stack = True
         elif (in_stack and line.strip() in ("]", "...")) or line.startswith("}"):
@@ -178,7 +198,7 @@ def parse_samples(lines: Iterable[str], start: dt.datetime) -> Iterator[Sample]:
         elif in_stack and (m := _FRAME.match(line)) is not None:
             frames.append(m[1].lstrip("."))
     if time is not None:
-        yield Sample(time, thread, tuple(frames), weight)
+        yield sample()
 
 
 def _batch_of(windows: Sequence[tuple[float, float, int]], epoch_ms: float) -> int | None:
@@ -197,14 +217,16 @@ def by_batch(
     samples: Iterable[Sample], batches: Sequence[dict[str, Any]], interval_ms: float | None
 ) -> dict[int, Counter[str]]:
     """Per category for each batch, from the samples inside its start and end: CPU ms, each
-    sample counting ``interval_ms``; or, with ``interval_ms`` None, MB allocated (the samples'
+    sample counting ``interval_ms``; or, with ``interval_ms`` None, MiB allocated (the samples'
     weights)."""
     windows = _windows(batches)
     out: dict[int, Counter[str]] = {b["batch"]: Counter() for b in batches}
     for s in samples:
         batch = _batch_of(windows, s.epoch_ms)
         if batch is not None:
-            out[batch][categorize(s)] += s.weight / 1e6 if interval_ms is None else interval_ms
+            out[batch][categorize(s)] += (
+                (s.weight or 0.0) / MIB if interval_ms is None else interval_ms
+            )
     return out
 
 
@@ -223,13 +245,13 @@ def top_sites(
     limit: int = 15,
 ) -> list[tuple[str, str, float]]:
     """The ``limit`` sites (``site``) that allocated most in the steady batches, with their
-    category: (category, site, mean MB a steady batch), largest first."""
+    category: (category, site, mean MiB a steady batch), largest first."""
     steady = [b for b in batches if b["batch"] >= steady_from]
     windows = _windows(steady)
     total: Counter[tuple[str, str]] = Counter()
     for s in samples:
         if _batch_of(windows, s.epoch_ms) is not None:
-            total[(categorize(s), site(s))] += s.weight / 1e6
+            total[(categorize(s), site(s))] += (s.weight or 0.0) / MIB
     n = max(1, len(steady))
     return [(cat, where, mb / n) for (cat, where), mb in total.most_common(limit)]
 
@@ -240,7 +262,7 @@ def summary_rows(
     steady_from: int = 2,
     categories: Sequence[str] = CATEGORIES,
 ) -> list[tuple[str, dict[str, float], float]]:
-    """Mean trigger ms and the mean per category (CPU ms, or MB allocated) over the steady
+    """Mean trigger ms and the mean per category (CPU ms, or MiB allocated) over the steady
     batches, their slowest quarter (at least one) and the rest: (label, means by category, mean
     trigger)."""
     steady = [b for b in batches if b["batch"] >= steady_from]
@@ -266,7 +288,7 @@ def print_table(
     batches: Sequence[dict[str, Any]], cpu: dict[int, Counter[str]], alloc: bool = False
 ) -> None:
     categories = ALLOC_CATEGORIES if alloc else CATEGORIES
-    what = "MB allocated" if alloc else "CPU ms"
+    what = "MiB allocated" if alloc else "CPU ms"
     head = f"{'batch':>5} {'trigger':>8} " + " ".join(f"{c:>{max(7, len(c))}}" for c in categories)
     print(f"{what} in each batch, by where it went (all threads of the worker's JVM)")
     print(head)
@@ -281,7 +303,7 @@ def print_table(
 
 def print_sites(sites: Sequence[tuple[str, str, float]]) -> None:
     print()
-    print("Where the steady batches allocated most (MB a batch, by category and site)")
+    print("Where the steady batches allocated most (MiB a batch, by category and site)")
     for category, where, mb in sites:
         print(f"{mb:8.1f}  {category:<16} {where}")
 
@@ -316,10 +338,15 @@ def agent_option(lib: Path, out_dir: Path, interval_ms: int = INTERVAL_MS) -> st
     return f"-agentpath:{lib}=start,event=cpu,interval={interval_ms}ms,threads,file={target}"
 
 
+JFR_ENGLISH = ("-J-Duser.language=en", "-J-Duser.country=US")
+"""``jfr``'s options that make it write numbers as this script reads them (``42.0 MB``, not the
+``42,0 MB`` of a German locale, say)."""
+
+
 def recording_start(recording: Path, jfr: str) -> dt.datetime:
     """The recording's start in UTC, from ``jfr summary``."""
     text = subprocess.run(
-        [jfr, "summary", str(recording)],
+        [jfr, *JFR_ENGLISH, "summary", str(recording)],
         capture_output=True,
         text=True,
         check=True,
@@ -367,7 +394,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     rep = sub.add_parser("report", help="cut a recording at a report's batches")
     rep.add_argument(
-        "--recording", required=True, help="an async-profiler .jfr recording of one worker"
+        "--recording",
+        required=True,
+        help="a .jfr recording of one worker: async-profiler's, or the JDK's with --alloc",
     )
     rep.add_argument("--report", required=True, help="the W1 or W5 JSON report of the same run")
     rep.add_argument(
@@ -380,7 +409,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="the round of the run that the recording is of (W5's --repeat; from 1, the default)",
     )
     rep.add_argument(
-        "--interval-ms", type=float, default=INTERVAL_MS, help="the recording's sampling interval"
+        "--interval-ms",
+        type=float,
+        default=INTERVAL_MS,
+        help="the recording's sampling interval (CPU samples; --alloc reads each sample's weight)",
     )
     rep.add_argument(
         "--alloc",
@@ -409,16 +441,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     start = recording_start(recording, jfr)
     event = "jdk.ObjectAllocationSample" if args.alloc else "jdk.ExecutionSample"
     printed = subprocess.Popen(
-        [jfr, "print", "--events", event, "--stack-depth", "128", str(recording)],
+        [jfr, *JFR_ENGLISH, "print", "--events", event, "--stack-depth", "128", str(recording)],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "TZ": "UTC"},
     )
     assert printed.stdout is not None
-    samples = list(parse_samples(printed.stdout, start))
+    # A CPU recording can hold millions of samples: they are only streamed. The allocation samples
+    # (a few hundred a second at most) are kept, for the sites as well as the batches.
+    parsed = parse_samples(printed.stdout, start)
+    samples: Iterable[Sample] = list(parsed) if args.alloc else parsed
+    cpu = by_batch(samples, batches, None if args.alloc else args.interval_ms)
     if printed.wait() != 0:
         raise SystemExit(f"jfr print failed on {recording}")
-    cpu = by_batch(samples, batches, None if args.alloc else args.interval_ms)
     if not any(sum(c.values()) for c in cpu.values()):
         sys.exit(
             f"no {event} sample of {recording} falls inside a batch of round {args.round} of run "

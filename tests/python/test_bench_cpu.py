@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -271,16 +272,34 @@ def test_allocation_samples_are_read_with_their_weights() -> None:
         "heapstate.io.SnapshotFileWriter.bucketStarts",
         "java.lang.Object.<init>",
     ]
-    # A CPU sample weighs nothing: its batch counts the interval instead.
+    # A CPU sample has no weight: its batch counts the interval instead.
     cpu_samples = list(cpu.parse_samples(PRINTED.splitlines(keepends=True), START))
-    assert [s.weight for s in cpu_samples] == [0.0, 0.0, 0.0]
+    assert [s.weight for s in cpu_samples] == [None, None, None]
+
+
+@pytest.mark.parametrize(
+    "weight_line",
+    [None, "  weight = 42,0 MB", "  weight = 3.0 TB"],
+    ids=["missing", "another language", "unknown unit"],
+)
+def test_an_allocation_sample_without_a_readable_weight_is_named(weight_line: str | None) -> None:
+    lines = ALLOCATIONS.splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if "weight = 4.0 MB" in line)
+    if weight_line is None:
+        del lines[at]
+    else:
+        lines[at] = weight_line + "\n"
+    with pytest.raises(
+        SystemExit, match=r"allocation sample at 23:59:59\.500000 UTC has no weight"
+    ):
+        list(cpu.parse_samples(lines, START))
 
 
 def test_allocations_are_cut_at_the_batches_in_mb_and_ranked_by_site() -> None:
     task = "Executor task launch worker for task 1"
 
-    def sample(ms: float, thread: str, frames: tuple[str, ...], mb: float) -> cpu.Sample:
-        return cpu.Sample(ms, thread, frames, mb * 1e6)
+    def sample(ms: float, thread: str, frames: tuple[str, ...], mib: float) -> cpu.Sample:
+        return cpu.Sample(ms, thread, frames, mib * 1024 * 1024)
 
     put = (
         "heapstate.engine.Key$.copyOf(byte[])",
@@ -322,3 +341,76 @@ def test_allocations_are_cut_at_the_batches_in_mb_and_ranked_by_site() -> None:
         steady[1]["store"] == 1.5 and steady[1]["spark task"] == 4.0 and steady[1]["driver"] == 2.0
     )
     assert "page zeroing" not in steady[1]
+
+
+def test_alloc_report_runs_jfr_in_english_and_prints_mib_by_batch_and_site(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``report --alloc`` from its command line, with a stand-in for the JDK's ``jfr`` that checks
+    it was asked for English and prints ``ALLOCATIONS``."""
+    printed = tmp_path / "printed.txt"
+    printed.write_text(ALLOCATIONS)
+    calls = tmp_path / "calls.txt"
+    fake = tmp_path / "bin" / "jfr"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> "{calls}"\n'
+        'case "$*" in *-J-Duser.language=en*-J-Duser.country=US*) ;; *) exit 3 ;; esac\n'
+        'case "$*" in\n'
+        '  *" summary "*) echo " Start: 2026-11-25 23:59:58 (UTC)" ;;\n'
+        f'  *" print "*) cat "{printed}" ;;\n'
+        "esac\n"
+    )
+    fake.chmod(0o755)
+    recording = tmp_path / "alloc.jfr"
+    recording.write_bytes(b"")
+    day = START.timestamp() * 1000
+    batches = [
+        {"batch": 1, "start_epoch_ms": day + 1000, "end_epoch_ms": day + 1400, "trigger_ms": 400},
+        {"batch": 2, "start_epoch_ms": day + 1400, "end_epoch_ms": day + 3000, "trigger_ms": 1600},
+    ]
+    report = tmp_path / "w1.json"
+    report.write_text(json.dumps({"runs": {"heapstate": {"batches": batches}}}))
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+
+    cpu.main(
+        ["report", "--alloc", "--recording", str(recording), "--report", str(report)]
+        + ["--run", "heapstate"]
+    )
+
+    out = capsys.readouterr().out.splitlines()
+    assert (
+        out[0] == "MiB allocated in each batch, by where it went (all threads of the worker's JVM)"
+    )
+    assert out[1].split() == [
+        "batch",
+        "trigger",
+        "spark",
+        "task",
+        "store",
+        "store",
+        "commit",
+        "driver",
+        "jit",
+        "gc",
+        "store",
+        "background",
+        "other",
+    ]
+    # Batch 1 holds heapstate's put (1.5 MiB); batch 2 the driver's 4 MiB, the snapshot thread's
+    # 512.5 KiB (0.5 MiB, printed to the MiB) and the task's 24 bytes.
+    assert out[2].split() == ["1", "400", "0", "2", "0", "0", "0", "0", "0", "0"]
+    assert out[3].split() == ["2", "1600", "0", "0", "0", "4", "0", "0", "1", "0"]
+    sites = out[
+        out.index("Where the steady batches allocated most (MiB a batch, by category and site)")
+        + 1 :
+    ]
+    assert [line.split() for line in sites] == [
+        ["4.0", "driver", "java.nio.HeapByteBuffer.<init>"],
+        ["0.5", "store", "background", "heapstate.io.SnapshotFileWriter.bucketStarts"],
+        ["0.0", "spark", "task", "java.lang.Object.<init>"],
+    ]
+    assert [line.split()[:2] for line in calls.read_text().splitlines()] == [
+        ["-J-Duser.language=en", "-J-Duser.country=US"]
+    ] * 2

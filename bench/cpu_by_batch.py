@@ -149,7 +149,7 @@ _FRAME = re.compile(r"^\s{4}(\S.*?)(?:\s+line: \d+)?(?:\s+bci: \d+)?\s*$")
 def parse_samples(lines: Iterable[str], start: dt.datetime) -> Iterator[Sample]:
     """The samples in ``jfr print --events jdk.ExecutionSample`` output (run with ``TZ=UTC``), or
     in that of ``jdk.ObjectAllocationSample`` (with their weights: ``jfr print`` writes kB, MB
-    and GB of 1,024, in English; ``JFR_COMMAND``). An allocation sample whose weight is missing or
+    and GB of 1,024, in English; ``JFR_ENGLISH``). An allocation sample whose weight is missing or
     unreadable stops the parse, naming its time: it would count as nothing.
 
     That output gives each sample's time of day only; ``start``, the recording's start in UTC,

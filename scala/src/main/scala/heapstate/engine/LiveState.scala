@@ -300,44 +300,57 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
    */
   def prepareCommit(collected: CollectedChanges): PreparedCommit = {
     require(collected.version == version, s"changes collected at version ${collected.version} prepared at $version")
+    if (collected.fromEmpty) {
+      val values = collected.values
+      val paged = collected.paged
+      val added = values.count(v => !Tombstone.is(v)).toLong + (if (paged == null) 0 else paged.size)
+      new PreparedCommit(version + 1, collected.keys, values, null, null, 0, UndoEntry.FromEmpty, 0L, added, paged)
+    } else lookUpChanges(collected)
+  }
+
+  /**
+   * [[prepareCommit]] of changes to a state that is not empty: looks every changed key up.
+   *
+   * A method of its own, apart from the commit onto an empty state, for the JIT: a commit runs
+   * this loop once, so the JIT compiles it from the loop's own count, over several commits. In
+   * one method with the empty state's branch, a JVM whose profile had not seen that branch
+   * (a query's first batch onto an empty state, after the JVM had warmed up on others) threw the
+   * compiled loop away when it came, and the commits after it ran the loop in the JIT's first,
+   * slower tier until it had been counted again (W5: four to five batches; stop 75).
+   */
+  private def lookUpChanges(collected: CollectedChanges): PreparedCommit = {
     val keys = collected.keys
     val values = collected.values
-    val paged = collected.paged
     val n = keys.length
-    if (collected.fromEmpty) {
-      val added = values.count(v => !Tombstone.is(v)).toLong + (if (paged == null) 0 else paged.size)
-      new PreparedCommit(version + 1, keys, values, null, null, 0, UndoEntry.FromEmpty, 0L, added, paged)
-    } else {
-      // A whole table does not change while it is looked up, so the slot each key was found in
-      // still holds it when the commit applies (unless a resize moves it; see applyCommit). A
-      // table still loading may load buckets on a look-up: no slots are kept then.
-      val whole = pending == null
-      val slots = if (whole) new Array[Int](n) else null
-      val priors = new Array[Long](n)
-      val stamp = table.stamp
-      val entry = UndoEntry.forKeys(n)
-      var entryBytes = entry.tableBytes
-      var delta = 0L
-      var i = 0
-      while (i < n) {
-        if (whole && i % LiveState.ReadAheadKeys == 0)
-          table.readAhead(keys, i, math.min(i + LiveState.ReadAheadKeys, n))
-        val key = keys(i)
-        val prior = if (whole) {
-          val slot = table.slotOf(key)
-          slots(i) = slot
-          if (slot >= 0) table.addressAt(slot) else EntryTable.NoEntry
-        } else get(key)
-        priors(i) = prior
-        // The undo entry keeps a copy: the table drops a page once none of its entries is live.
-        val copy = if (prior == EntryTable.NoEntry) null else table.copyOf(prior)
-        entry.record(copy, values(i), key.hashCode)
-        if (copy != null) entryBytes += MemoryModel.liveEntry(copy)
-        delta += ChangeSet.keyDelta(copy != null, values(i))
-        i += 1
-      }
-      new PreparedCommit(version + 1, keys, values, slots, priors, stamp, entry, entryBytes, delta)
+    // A whole table does not change while it is looked up, so the slot each key was found in
+    // still holds it when the commit applies (unless a resize moves it; see applyCommit). A
+    // table still loading may load buckets on a look-up: no slots are kept then.
+    val whole = pending == null
+    val slots = if (whole) new Array[Int](n) else null
+    val priors = new Array[Long](n)
+    val stamp = table.stamp
+    val entry = UndoEntry.forKeys(n)
+    var entryBytes = entry.tableBytes
+    var delta = 0L
+    var i = 0
+    while (i < n) {
+      if (whole && i % LiveState.ReadAheadKeys == 0)
+        table.readAhead(keys, i, math.min(i + LiveState.ReadAheadKeys, n))
+      val key = keys(i)
+      val prior = if (whole) {
+        val slot = table.slotOf(key)
+        slots(i) = slot
+        if (slot >= 0) table.addressAt(slot) else EntryTable.NoEntry
+      } else get(key)
+      priors(i) = prior
+      // The undo entry keeps a copy: the table drops a page once none of its entries is live.
+      val copy = if (prior == EntryTable.NoEntry) null else table.copyOf(prior)
+      entry.record(copy, values(i), key.hashCode)
+      if (copy != null) entryBytes += MemoryModel.liveEntry(copy)
+      delta += ChangeSet.keyDelta(copy != null, values(i))
+      i += 1
     }
+    new PreparedCommit(version + 1, keys, values, slots, priors, stamp, entry, entryBytes, delta)
   }
 
   /**

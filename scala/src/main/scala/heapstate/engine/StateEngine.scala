@@ -14,6 +14,7 @@ import heapstate.io.{
   SnapshotFileWriter,
   StateFileException,
   StateFileFormat,
+  StateFileWriter,
   StateFiles
 }
 import heapstate.io.StateFileNames.{Journal, Snapshot, StateFile}
@@ -92,6 +93,37 @@ object StateEngine {
       fileBytes: Long,
       bodyCrc: Int,
       touched: TouchedBuckets)
+
+  /**
+   * Writes a commit's records to its journal: each of `keys` with its entry in `values`, or its
+   * delete where that is a [[Tombstone]].
+   *
+   * This loop and [[markKeys]]'s are methods of their own, apart from the commit's branches for a
+   * commit onto an empty state (its paged records), for the JIT: a commit runs each loop once, so
+   * the JIT compiles it from the loop's own count, over several commits. In one method with those
+   * branches, a JVM whose profile had not seen them (a query's first batch onto an empty state,
+   * after the JVM had warmed up on others) threw the compiled loop away when they came, and the
+   * commits after it ran the loop in the JIT's first, slower tier until it had been counted again
+   * (W5: four to five batches; stop 75, [[LiveState.prepareCommit]] likewise).
+   */
+  private def writeRecords(w: StateFileWriter, keys: Array[Key], values: Array[Array[Byte]]): Unit = {
+    var i = 0
+    while (i < keys.length) {
+      if (Tombstone.is(values(i))) w.delete(keys(i).bytes) else w.putEntry(values(i))
+      i += 1
+    }
+  }
+
+  /** Marks the bucket of each of `keys` touched in `base` and in `next`, either of which may be null (see [[writeRecords]]). */
+  private def markKeys(keys: Array[Key], base: TouchedBuckets, next: TouchedBuckets): Unit = {
+    var i = 0
+    while (i < keys.length) {
+      val hash = keys(i).hashCode
+      if (base != null) base.mark(hash)
+      if (next != null) next.mark(hash)
+      i += 1
+    }
+  }
 
   /**
    * How many commits run now, in every store of this JVM; background snapshots wait for them (see
@@ -483,12 +515,7 @@ final class StateEngine(
     // In format v2 a re-run writes a file of its own id, and no older file describes it.
     val rerun = newId.isEmpty && newVersion <= highestKnownVersion
     val bytes = files.writeJournal(newVersion, settings.codec, newId, liveBaseId, replacing = rerun) { w =>
-      val (keys, values) = (collected.keys, collected.values)
-      var i = 0
-      while (i < keys.length) {
-        if (Tombstone.is(values(i))) w.delete(keys(i).bytes) else w.putEntry(values(i))
-        i += 1
-      }
+      StateEngine.writeRecords(w, collected.keys, collected.values)
       if (collected.paged != null) collected.paged.foreach((page, at) => w.putEntry(page, at))
       prepared = st.prepareCommit(collected)
       prepared.keyDelta
@@ -528,14 +555,7 @@ final class StateEngine(
     val base = if (reuseBase == null) null else reuseBase.touched
     val next = tracking
     if (base != null || next != null) {
-      val keys = prepared.keys
-      var i = 0
-      while (i < keys.length) {
-        val hash = keys(i).hashCode
-        if (base != null) base.mark(hash)
-        if (next != null) next.mark(hash)
-        i += 1
-      }
+      StateEngine.markKeys(prepared.keys, base, next)
       if (prepared.paged != null) { // keys moved to pages are not looked at one by one
         if (base != null) base.markAll()
         if (next != null) next.markAll()

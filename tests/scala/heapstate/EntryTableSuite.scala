@@ -98,6 +98,33 @@ class EntryTableSuite extends AnyFunSuite {
     assert(t.heapBytes == t.heapBytesRecounted)
   }
 
+  test("look-ups tell apart keys of one hash that differ in a word, in a byte past the words, or in length") {
+    // Every key here is put and looked up with the same hash, so each shares its slot's tag and
+    // home with the others and every look-up compares it with the keys put before it.
+    val hash = 0x5bd1e995
+    val word = Array.tabulate[Byte](16)(j => (j * 7 + 1).toByte)
+    def differing(at: Int) = { val b = word.clone(); b(at) = (b(at) ^ 0x40).toByte; b }
+    val keys = Seq(
+      word, // 16 bytes, two words
+      differing(3), // differs in its first word
+      differing(12), // in its second
+      word ++ Array.fill[Byte](8)(0), // longer: the 16 bytes above, then a word of zeros
+      word ++ Array[Byte](5), // 17 bytes: differs from the first past its words only
+      word.take(8), // shorter: the first word alone
+      word.take(15) ++ Array[Byte](word(15)) // equal to the first, in another array
+    )
+    val t = new EntryTable()
+    def lookUp(k: Array[Byte]): Long = t.find(k, Platform.BYTE_ARRAY_OFFSET, k.length, hash)
+    for ((k, i) <- keys.zipWithIndex.init) {
+      keys.take(i).foreach(earlier => assert(lookUp(earlier) != EntryTable.NoEntry))
+      assert(lookUp(k) == EntryTable.NoEntry, s"key $i before it was put")
+      val v = new Array[Byte](8); Platform.putLong(v, Platform.BYTE_ARRAY_OFFSET, i)
+      assert(t.put(Entry(k, v), hash) == -1, s"key $i")
+    }
+    for ((k, i) <- keys.zipWithIndex.init) assert(valueAt(t, lookUp(k)) == i, s"key $i")
+    assert(valueAt(t, lookUp(keys.last)) == 0, "the first key, from another array")
+  }
+
   test("look-ups match keys of 9 to 24 bytes, and tell apart two that share a slot's tag and home") {
     val t = new EntryTable()
     def valueBytes(i: Int) = { val v = new Array[Byte](8); Platform.putLong(v, Platform.BYTE_ARRAY_OFFSET, i); v }

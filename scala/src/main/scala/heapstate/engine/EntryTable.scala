@@ -117,8 +117,14 @@ final class EntryTable(expectedKeys: Int = 16) {
   private var scratchAt, scratchHash = new Array[Int](256)
   /** Where [[evacuate]] and [[readAhead]] leave what they read ahead, so that the compiler keeps those reads. */
   private var readAheadSum = 0L
-  /** [[readAhead]]'s first slots, read before the entries they point to. */
-  private var scratchSlots = new Array[Long](0)
+  /**
+   * [[readAhead]]'s first slots, read before the entries they point to: of at most
+   * [[LiveState.ReadAheadKeys]] keys a call, so that no call grows it. A commit reads ahead in its
+   * look-up loop ([[LiveState.prepareCommit]]), and growing this array was a branch that a JVM
+   * warmed up on small commits had not seen: at the first larger commit the JIT threw the loop's
+   * compiled code away, and the commits after it ran it in a slower tier (stop 75).
+   */
+  private val scratchSlots = new Array[Long](LiveState.ReadAheadKeys)
   /**
    * Holes: same-length updates that [[replaceAt]] appended (while updates could not be written in
    * place), each as the slot and slot-array stamp it was made in, the address it appended, and
@@ -227,14 +233,14 @@ final class EntryTable(expectedKeys: Int = 16) {
    * caches. Each is a cache miss in a table of millions of keys (a TLB miss too, at 4M keys), and a
    * probe makes them one after the other; here the reads of different keys do not wait for each
    * other, so the core has many misses in flight at once (Java has no prefetch instruction).
+   * Reads ahead for the first [[LiveState.ReadAheadKeys]] of them at most.
    */
   def readAhead(keys: Array[Key], from: Int, until: Int): Unit = {
     val ss = slots
     val mask = ss.length - 1
     val ps = pages
-    val n = until - from
-    if (scratchSlots.length < n) scratchSlots = new Array[Long](n)
     val first = scratchSlots
+    val n = math.min(until - from, first.length)
     var j = 0
     while (j < n) { first(j) = ss(keys(from + j).hashCode & mask); j += 1 }
     var sum = 0L
@@ -258,6 +264,14 @@ final class EntryTable(expectedKeys: Int = 16) {
    * a profile in which the comparison is rarely reached. Stop 68, `bench/.../GetPath.scala`, random
    * gets of 1M keys through the live state: 4,900 a ms with the calls, 5,500 without (see
    * docs/PERFORMANCE_HISTORY.md).
+   *
+   * A candidate whose tag matches is compared whole, with no branch on where it differs: whether it
+   * holds the key is one test, the same one a slot of another tag takes. A slot with the key's tag
+   * and another key is rare (the tag's bits are the hash's highest, and in a large table the
+   * slot's index fixes many of them), but W5's batches of 10,000 look-ups meet a few; as a branch
+   * of its own it was one that the JIT had not seen: when one came, it threw the
+   * compiled code of the look-up's caller away (a commit's look-up loop, a get), and the commits
+   * after it ran that in a slower tier for several batches (stop 75).
    */
   private def findSlot(ss: Array[Long], base: AnyRef, offset: Long, length: Int, hash: Int): Int = {
     val mask = ss.length - 1
@@ -266,19 +280,27 @@ final class EntryTable(expectedKeys: Int = 16) {
     var i = hash & mask
     var s = ss(i)
     while (s != Empty) {
+      var differs = 1L // nonzero unless slot i holds the key
       if ((s >>> AddressBits) == tag && s != Deleted) {
         val page = ps(pageIndex(s))
         if (page == null) throw changedUnderReader
         val at = offsetOf(s)
-        if (Platform.getInt(page, Platform.BYTE_ARRAY_OFFSET + at) == length &&
-          at + Entry.HeaderBytes + length <= page.length) {
-          val keyAt = Platform.BYTE_ARRAY_OFFSET + at + Entry.HeaderBytes
-          var j = 0
-          while (j + 8 <= length && Platform.getLong(page, keyAt + j) == Platform.getLong(base, offset + j)) j += 8
-          while (j < length && Platform.getByte(page, keyAt + j) == Platform.getByte(base, offset + j)) j += 1
-          if (j == length) return i
+        // -1 when a key of `length` bytes would run past the page's end (nothing is compared then), else 0.
+        val outside = (page.length - (at + Entry.HeaderBytes + length)) >> 31
+        val compared = length & ~outside
+        val keyAt = Platform.BYTE_ARRAY_OFFSET + at + Entry.HeaderBytes
+        differs = ((Platform.getInt(page, Platform.BYTE_ARRAY_OFFSET + at) ^ length) | outside).toLong
+        var j = 0
+        while (j + 8 <= compared) {
+          differs |= Platform.getLong(page, keyAt + j) ^ Platform.getLong(base, offset + j)
+          j += 8
+        }
+        while (j < compared) {
+          differs |= (Platform.getByte(page, keyAt + j) ^ Platform.getByte(base, offset + j)).toLong
+          j += 1
         }
       }
+      if (differs == 0L) return i
       i = (i + 1) & mask
       s = ss(i)
     }

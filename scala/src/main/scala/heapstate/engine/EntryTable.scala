@@ -265,13 +265,12 @@ final class EntryTable(expectedKeys: Int = 16) {
    * gets of 1M keys through the live state: 4,900 a ms with the calls, 5,500 without (see
    * docs/PERFORMANCE_HISTORY.md).
    *
-   * A candidate whose tag matches is compared whole, with no branch on where it differs: whether it
-   * holds the key is one test, the same one a slot of another tag takes. A slot with the key's tag
-   * and another key is rare (the tag's bits are the hash's highest, and in a large table the
-   * slot's index fixes many of them), but W5's batches of 10,000 look-ups meet a few; as a branch
-   * of its own it was one that the JIT had not seen: when one came, it threw the
-   * compiled code of the look-up's caller away (a commit's look-up loop, a get), and the commits
-   * after it ran that in a slower tier for several batches (stop 75).
+   * A slot with the key's tag and another key is rare, and the JIT compiles the loop without that
+   * case: when one comes (W5's batches of 10,000 look-ups meet a few), it throws away the compiled
+   * code of the caller that inlined this (a commit's look-up loop, a get) until it has counted it
+   * again. A version that compared a tagged candidate whole and tested the result once, a branch
+   * taken both ways, avoided that but cost the store's get 40% (`GetPath`, 1M keys: 2,846 gets a
+   * ms against 4,717 in the same hour; stop 75), so the comparison stays as it is.
    */
   private def findSlot(ss: Array[Long], base: AnyRef, offset: Long, length: Int, hash: Int): Int = {
     val mask = ss.length - 1
@@ -280,27 +279,19 @@ final class EntryTable(expectedKeys: Int = 16) {
     var i = hash & mask
     var s = ss(i)
     while (s != Empty) {
-      var differs = 1L // nonzero unless slot i holds the key
       if ((s >>> AddressBits) == tag && s != Deleted) {
         val page = ps(pageIndex(s))
         if (page == null) throw changedUnderReader
         val at = offsetOf(s)
-        // -1 when a key of `length` bytes would run past the page's end (nothing is compared then), else 0.
-        val outside = (page.length - (at + Entry.HeaderBytes + length)) >> 31
-        val compared = length & ~outside
-        val keyAt = Platform.BYTE_ARRAY_OFFSET + at + Entry.HeaderBytes
-        differs = ((Platform.getInt(page, Platform.BYTE_ARRAY_OFFSET + at) ^ length) | outside).toLong
-        var j = 0
-        while (j + 8 <= compared) {
-          differs |= Platform.getLong(page, keyAt + j) ^ Platform.getLong(base, offset + j)
-          j += 8
-        }
-        while (j < compared) {
-          differs |= (Platform.getByte(page, keyAt + j) ^ Platform.getByte(base, offset + j)).toLong
-          j += 1
+        if (Platform.getInt(page, Platform.BYTE_ARRAY_OFFSET + at) == length &&
+          at + Entry.HeaderBytes + length <= page.length) {
+          val keyAt = Platform.BYTE_ARRAY_OFFSET + at + Entry.HeaderBytes
+          var j = 0
+          while (j + 8 <= length && Platform.getLong(page, keyAt + j) == Platform.getLong(base, offset + j)) j += 8
+          while (j < length && Platform.getByte(page, keyAt + j) == Platform.getByte(base, offset + j)) j += 1
+          if (j == length) return i
         }
       }
-      if (differs == 0L) return i
       i = (i + 1) & mask
       s = ss(i)
     }

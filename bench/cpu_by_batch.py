@@ -31,16 +31,31 @@ frame (heapstate's, RocksDB's or HDFS's provider) or else by the allocating meth
 with the JDK's flight recorder instead of async-profiler, for one provider with no restart (every
 JVM given the option writes to the same file)::
 
-    .venv/bin/python bench/w1.py --size full --batches 30 --maintenance-interval 5s --restart none \
-        --providers heapstate \
+    .venv/bin/python bench/w1.py --size full --batches 30 --maintenance-interval 5s --restart none \\
+        --providers heapstate \\
         --java-option=-XX:StartFlightRecording=settings=profile,filename=/tmp/alloc.jfr
-    .venv/bin/python bench/cpu_by_batch.py report --alloc --recording /tmp/alloc.jfr \
+    .venv/bin/python bench/cpu_by_batch.py report --alloc --recording /tmp/alloc.jfr \\
         --report bench/results/w1-....json --run heapstate
 
 Each sample stands for the bytes the JVM allocated in its thread since the last one (its
 ``weight``), so the figures are estimates, close over many samples and rough for one site in one
 batch. ``jfr print`` writes the weights rounded to a tenth of a KiB or MiB (it calls them kB and
 MB), in the JVM's language, so the script runs it in English.
+
+With ``--jit`` it lists, for each batch, the JIT's work on the store's own classes (heapstate's,
+``JIT_PREFIX``): each deoptimisation (the compiled code of a method thrown away, with the line
+and the reason) and each compilation by C2 (``C2_LEVEL``), beside the batch's trigger time and
+the CPU of the store's part of its commits. A deoptimisation in the steady batches sends the
+method, and every method it was inlined into, back to slower code until the JIT has counted it
+again (stop 75 found a commit's loop running in C1's code for four to five batches after
+batch 0's). Record with the JDK's flight recorder, every compilation included (its default
+settings keep only those over a second)::
+
+    .venv/bin/python bench/cpu_by_batch.py jit-settings --out /tmp/jit.jfc
+    .venv/bin/python bench/w5.py --size full --keys 1000000,4000000 --providers heapstate \\
+        --java-option=-XX:StartFlightRecording=settings=/tmp/jit.jfc,filename=/tmp/jit/
+    .venv/bin/python bench/cpu_by_batch.py report --jit --recording /tmp/jit/hotspot-....jfr \\
+        --report bench/results/w5-....json --run heapstate@4000000
 
 async-profiler comes from Maven Central (``tools.profiler:async-profiler``, Linux x64), or from
 the mirror ``~/.m2/settings.xml`` names, into ``~/.cache/heapstate``. Reading the recording needs
@@ -308,6 +323,130 @@ def print_sites(sites: Sequence[tuple[str, str, float]]) -> None:
         print(f"{mb:8.1f}  {category:<16} {where}")
 
 
+JIT_PREFIX = "heapstate."
+"""``--jit`` lists the JIT's work on the methods of the classes whose names start so."""
+
+C2_LEVEL = 4
+"""The tier of C2's compilations, the JIT's fastest code (C1's are 1 to 3)."""
+
+JIT_EVENTS = "jdk.Deoptimization,jdk.Compilation"
+
+_JSON_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")
+
+
+@dataclass(frozen=True)
+class JitEvent:
+    """A deoptimisation or a compilation: when (epoch ms), of which method (``pkg.Class.name``),
+    and what: the line, reason and action of a deoptimisation; the tier (and OSR: a loop's code
+    entered while it runs) of a compilation."""
+
+    epoch_ms: float
+    method: str
+    deopt: bool
+    line: int | None = None
+    reason: str = ""
+    action: str = ""
+    level: int | None = None
+    osr: bool = False
+
+    def describe(self) -> str:
+        name = self.method.removeprefix(JIT_PREFIX)
+        if self.deopt:
+            return f"{name}:{self.line} {self.reason}/{self.action}"
+        return f"{name}{' (OSR)' if self.osr else ''}"
+
+
+def _json_epoch_ms(text: str) -> float:
+    m = _JSON_TIME.match(text)
+    if m is None:
+        raise SystemExit(f"jfr print --json wrote a time this script cannot read: {text!r}")
+    zone = "+00:00" if m[3] == "Z" else m[3]
+    moment = dt.datetime.fromisoformat(m[1] + zone)
+    return moment.timestamp() * 1000 + float("0." + (m[2] or "0")) * 1000
+
+
+def parse_jit_events(doc: dict[str, Any], prefix: str = JIT_PREFIX) -> list[JitEvent]:
+    """The deoptimisations and successful compilations of methods of classes under ``prefix`` in
+    the output of ``jfr print --json --events jdk.Deoptimization,jdk.Compilation``, in time
+    order."""
+    out = []
+    for event in doc.get("recording", {}).get("events", []):
+        kind, v = event.get("type"), event.get("values", {})
+        if kind not in ("jdk.Deoptimization", "jdk.Compilation"):
+            continue
+        method = v.get("method") or {}
+        owner = ((method.get("type") or {}).get("name") or "").replace("/", ".")
+        if not owner.startswith(prefix):
+            continue
+        name = f"{owner}.{method.get('name', '?')}"
+        at = _json_epoch_ms(v["startTime"])
+        if kind == "jdk.Deoptimization":
+            line = v.get("lineNumber")
+            out.append(JitEvent(at, name, True, line, v.get("reason", ""), v.get("action", "")))
+        elif v.get("succeded", True):  # the JDK's spelling
+            level = v.get("compileLevel")
+            out.append(JitEvent(at, name, False, level=level, osr=bool(v.get("isOsr"))))
+    return sorted(out, key=lambda e: e.epoch_ms)
+
+
+def jit_by_batch(
+    events: Iterable[JitEvent], batches: Sequence[dict[str, Any]]
+) -> dict[int, list[JitEvent]]:
+    """Each batch's deoptimisations and compilations by C2 (``C2_LEVEL``), from those inside its
+    start and end."""
+    windows = _windows(batches)
+    out: dict[int, list[JitEvent]] = {b["batch"]: [] for b in batches}
+    for e in events:
+        batch = _batch_of(windows, e.epoch_ms)
+        if batch is not None and (e.deopt or e.level == C2_LEVEL):
+            out[batch].append(e)
+    return out
+
+
+def print_jit(
+    batches: Sequence[dict[str, Any]], per_batch: dict[int, list[JitEvent]], steady_from: int = 2
+) -> None:
+    print(f"The JIT's work on {JIT_PREFIX}* in each batch: deoptimisations, and compilations by C2")
+    print(f"{'batch':>5} {'trigger':>8} {'commit CPU':>10} {'deopts':>6} {'C2':>3}  what")
+    for b in batches:
+        events = per_batch[b["batch"]]
+        micros = (b.get("custom_metrics") or {}).get("heapstateCommitStoreCpuMicros")
+        commit = "-" if micros is None else f"{micros / 1000:.1f}"
+        deopts = [e for e in events if e.deopt]
+        what = "; ".join(
+            [f"deopt {e.describe()}" for e in deopts]
+            + [f"C2 {e.describe()}" for e in events if not e.deopt]
+        )
+        print(
+            f"{b['batch']:>5} {b['trigger_ms']:>8.0f} {commit:>10} {len(deopts):>6} "
+            f"{len(events) - len(deopts):>3}  {what}".rstrip()
+        )
+    steady = [e for b in batches if b["batch"] >= steady_from for e in per_batch[b["batch"]]]
+    print()
+    print(
+        f"in the steady batches ({steady_from} and later): "
+        f"{sum(e.deopt for e in steady)} deoptimisations, "
+        f"{sum(not e.deopt for e in steady)} compilations by C2"
+    )
+
+
+def jit_settings(jdk_jfr: Path) -> str:
+    """The JDK's default flight-recorder settings (``lib/jfr/default.jfc`` of the JDK that holds
+    ``jdk_jfr``, its ``jfr`` tool), with every compilation recorded instead of those over a
+    second only."""
+    default = jdk_jfr.resolve().parent.parent / "lib" / "jfr" / "default.jfc"
+    if not default.is_file():
+        raise SystemExit(f"no default.jfc at {default} (the JDK of {jdk_jfr})")
+    pattern = re.compile(
+        r'(<event name="jdk\.Compilation">.*?<setting name="threshold"[^>]*>)[^<]*(</setting>)',
+        re.DOTALL,
+    )
+    settings, n = pattern.subn(r"\g<1>0 ms\g<2>", default.read_text(), count=1)
+    if n != 1:
+        raise SystemExit(f"{default} sets no threshold for jdk.Compilation")
+    return settings
+
+
 def fetch_profiler(cache: Path = CACHE) -> Path:
     """async-profiler's agent library, fetched and unpacked once into ``cache``."""
     lib = cache / f"async-profiler-{PROFILER_VERSION}" / "libasyncProfiler.so"
@@ -392,6 +531,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     agent.add_argument(
         "--out", required=True, help="folder for the recordings (one per worker JVM)"
     )
+    settings = sub.add_parser(
+        "jit-settings",
+        help="write the flight recorder's settings that --jit needs (every compilation recorded)",
+    )
+    settings.add_argument("--out", required=True, help="the .jfc file to write")
     rep = sub.add_parser("report", help="cut a recording at a report's batches")
     rep.add_argument(
         "--recording",
@@ -414,10 +558,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=INTERVAL_MS,
         help="the recording's sampling interval (CPU samples; --alloc reads each sample's weight)",
     )
-    rep.add_argument(
+    kind = rep.add_mutually_exclusive_group()
+    kind.add_argument(
         "--alloc",
         action="store_true",
         help="cut the JDK's allocation samples (jdk.ObjectAllocationSample) instead of CPU samples",
+    )
+    kind.add_argument(
+        "--jit",
+        action="store_true",
+        help=f"list the JIT's deoptimisations and C2 compilations of {JIT_PREFIX}* by batch",
     )
     rep.add_argument(
         "--restarts",
@@ -434,10 +584,35 @@ def main(argv: Sequence[str] | None = None) -> None:
     jfr = shutil.which("jfr") or (Path(os.environ.get("JAVA_HOME", "")) / "bin" / "jfr").as_posix()
     if not Path(jfr).is_file():
         raise SystemExit("the JDK's jfr tool is not on PATH or in JAVA_HOME/bin")
+    if args.command == "jit-settings":
+        Path(args.out).write_text(jit_settings(Path(jfr)))
+        print(
+            f"--java-option=-XX:StartFlightRecording=settings={Path(args.out).resolve()},filename=DIR/"
+        )
+        return
     recording = Path(args.recording)
     if not recording.is_file():
         raise SystemExit(f"no recording at {recording}")
     batches = run_batches(Path(args.report), args.run, args.restarts, args.round)
+    if args.jit:
+        printed_json = subprocess.run(
+            [jfr, *JFR_ENGLISH, "print", "--json", "--events", JIT_EVENTS, str(recording)],
+            check=False,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "TZ": "UTC"},
+        )
+        if printed_json.returncode != 0:
+            raise SystemExit(f"jfr print failed on {recording}: {printed_json.stderr.strip()}")
+        events = parse_jit_events(json.loads(printed_json.stdout))
+        windows = _windows(batches)
+        if not any(_batch_of(windows, e.epoch_ms) is not None for e in events):
+            sys.exit(
+                f"no deoptimisation or compilation of {JIT_PREFIX}* in {recording} falls inside a "
+                f"batch of round {args.round} of run '{args.run}': another worker's recording?"
+            )
+        print_jit(batches, jit_by_batch(events, batches))
+        return
     start = recording_start(recording, jfr)
     event = "jdk.ObjectAllocationSample" if args.alloc else "jdk.ExecutionSample"
     printed = subprocess.Popen(

@@ -414,3 +414,229 @@ def test_alloc_report_runs_jfr_in_english_and_prints_mib_by_batch_and_site(
     assert [line.split()[:2] for line in calls.read_text().splitlines()] == [
         ["-J-Duser.language=en", "-J-Duser.country=US"]
     ] * 2
+
+
+def _method(owner: str, name: str) -> dict[str, object]:
+    return {"type": {"name": owner}, "name": name, "descriptor": "()V"}
+
+
+# What `jfr print --json --events jdk.Deoptimization,jdk.Compilation` writes, cut down: a
+# deoptimisation of heapstate's look-up, one of Spark's (not the store's), a C2 compilation of a
+# commit loop entered while it runs (OSR), a C1 one, and a C2 one that failed.
+JIT_DOC = {
+    "recording": {
+        "events": [
+            {
+                "type": "jdk.Compilation",
+                "values": {
+                    "startTime": "2026-11-25T23:59:59.900Z",
+                    "method": _method("heapstate/engine/LiveState", "lookUpChanges"),
+                    "compileLevel": 4,
+                    "isOsr": True,
+                    "succeded": True,
+                },
+            },
+            {
+                "type": "jdk.Deoptimization",
+                "values": {
+                    "startTime": "2026-11-25T23:59:59.250125Z",
+                    "method": _method("heapstate/engine/EntryTable", "findSlot"),
+                    "lineNumber": 277,
+                    "reason": "unstable_if",
+                    "action": "reinterpret",
+                },
+            },
+            {
+                "type": "jdk.Deoptimization",
+                "values": {
+                    "startTime": "2026-11-25T23:59:59.300Z",
+                    "method": _method("org/apache/spark/util/NextIterator", "hasNext"),
+                    "lineNumber": 12,
+                    "reason": "class_check",
+                    "action": "maybe_recompile",
+                },
+            },
+            {
+                "type": "jdk.Compilation",
+                "values": {
+                    "startTime": "2026-11-26T00:00:00.500+00:00",
+                    "method": _method("heapstate/engine/StateEngine$", "markKeys"),
+                    "compileLevel": 3,
+                    "isOsr": False,
+                    "succeded": True,
+                },
+            },
+            {
+                "type": "jdk.Compilation",
+                "values": {
+                    "startTime": "2026-11-26T01:00:00.750+01:00",
+                    "method": _method("heapstate/engine/EntryTable", "put"),
+                    "compileLevel": 4,
+                    "isOsr": False,
+                    "succeded": True,
+                },
+            },
+            {
+                "type": "jdk.Compilation",
+                "values": {
+                    "startTime": "2026-11-26T00:00:00.800Z",
+                    "method": _method("heapstate/engine/EntryTable", "resize"),
+                    "compileLevel": 4,
+                    "isOsr": False,
+                    "succeded": False,
+                },
+            },
+        ]
+    }
+}
+
+
+def test_jit_events_of_the_stores_methods_are_read_in_time_order() -> None:
+    day = START.timestamp() * 1000
+    assert cpu.parse_jit_events(JIT_DOC) == [
+        cpu.JitEvent(
+            day + 1250.125,
+            "heapstate.engine.EntryTable.findSlot",
+            True,
+            277,
+            "unstable_if",
+            "reinterpret",
+        ),
+        cpu.JitEvent(
+            day + 1900, "heapstate.engine.LiveState.lookUpChanges", False, level=4, osr=True
+        ),
+        cpu.JitEvent(day + 2500, "heapstate.engine.StateEngine$.markKeys", False, level=3),
+        # 01:00:00.750 at an hour east of UTC is 00:00:00.750 UTC.
+        cpu.JitEvent(day + 2750, "heapstate.engine.EntryTable.put", False, level=4),
+    ]
+    bad = {"recording": {"events": [dict(JIT_DOC["recording"]["events"][1])]}}
+    bad["recording"]["events"][0] = {
+        "type": "jdk.Deoptimization",
+        "values": {**JIT_DOC["recording"]["events"][1]["values"], "startTime": "23:59:59.250"},
+    }
+    with pytest.raises(SystemExit, match=r"a time this script cannot read: '23:59:59.250'"):
+        cpu.parse_jit_events(bad)
+
+
+def test_jit_events_are_cut_at_the_batches_keeping_deopts_and_c2() -> None:
+    day = START.timestamp() * 1000
+    batches = [
+        {"batch": 1, "start_epoch_ms": day + 1000, "end_epoch_ms": day + 2000},
+        {"batch": 2, "start_epoch_ms": day + 2000, "end_epoch_ms": day + 2700},
+    ]
+    per_batch = cpu.jit_by_batch(cpu.parse_jit_events(JIT_DOC), batches)
+    # Batch 1: the look-up's deoptimisation and the loop's C2 compilation; batch 2 only C1's
+    # compilation, which is left out; the put's C2 compilation came after both.
+    assert {b: [e.describe() for e in events] for b, events in per_batch.items()} == {
+        1: [
+            "engine.EntryTable.findSlot:277 unstable_if/reinterpret",
+            "engine.LiveState.lookUpChanges (OSR)",
+        ],
+        2: [],
+    }
+
+
+def test_jit_report_runs_jfr_json_in_english_and_prints_each_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``report --jit`` from its command line, with a stand-in for the JDK's ``jfr`` that checks it
+    was asked for English and JSON and prints ``JIT_DOC``."""
+    printed = tmp_path / "printed.json"
+    printed.write_text(json.dumps(JIT_DOC))
+    calls = tmp_path / "calls.txt"
+    fake = tmp_path / "bin" / "jfr"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> "{calls}"\n'
+        'case "$*" in *-J-Duser.language=en*-J-Duser.country=US*) ;; *) exit 3 ;; esac\n'
+        'case "$*" in\n'
+        f'  *" print --json --events jdk.Deoptimization,jdk.Compilation "*) cat "{printed}" ;;\n'
+        "  *) exit 4 ;;\n"
+        "esac\n"
+    )
+    fake.chmod(0o755)
+    recording = tmp_path / "jit.jfr"
+    recording.write_bytes(b"")
+    day = START.timestamp() * 1000
+    batches = [
+        {
+            "batch": 1,
+            "start_epoch_ms": day + 1000,
+            "end_epoch_ms": day + 2000,
+            "trigger_ms": 1000,
+            "custom_metrics": {"heapstateCommitStoreCpuMicros": 14_250},
+        },
+        {"batch": 2, "start_epoch_ms": day + 2000, "end_epoch_ms": day + 2900, "trigger_ms": 900},
+    ]
+    report = tmp_path / "w5.json"
+    report.write_text(json.dumps({"runs": {"heapstate@1000000": {"batches": batches}}}))
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+
+    cpu.main(
+        ["report", "--jit", "--recording", str(recording), "--report", str(report)]
+        + ["--run", "heapstate@1000000"]
+    )
+
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        "The JIT's work on heapstate.* in each batch: deoptimisations, and compilations by C2",
+        "batch  trigger commit CPU deopts  C2  what",
+        (
+            "    1     1000       14.2      1   1  deopt engine.EntryTable.findSlot:277 "
+            "unstable_if/reinterpret; C2 engine.LiveState.lookUpChanges (OSR)"
+        ),
+        "    2      900          -      0   1  C2 engine.EntryTable.put",
+        "",
+        "in the steady batches (2 and later): 0 deoptimisations, 1 compilations by C2",
+    ]
+    assert len(calls.read_text().splitlines()) == 1
+
+    # A recording of another JVM: nothing of the store's falls inside the run's batches.
+    later = [
+        {
+            **b,
+            "start_epoch_ms": b["start_epoch_ms"] + 60_000,
+            "end_epoch_ms": b["end_epoch_ms"] + 60_000,
+        }
+        for b in batches
+    ]
+    report.write_text(json.dumps({"runs": {"heapstate@1000000": {"batches": later}}}))
+    with pytest.raises(
+        SystemExit,
+        match=r"no deoptimisation or compilation of heapstate\.\* .*another worker's recording",
+    ):
+        cpu.main(
+            ["report", "--jit", "--recording", str(recording), "--report", str(report)]
+            + ["--run", "heapstate@1000000"]
+        )
+
+
+def test_jit_settings_record_every_compilation_and_nothing_else_changes(tmp_path: Path) -> None:
+    jdk = tmp_path / "jdk"
+    (jdk / "bin").mkdir(parents=True)
+    (jdk / "lib" / "jfr").mkdir(parents=True)
+    (jdk / "bin" / "jfr").write_text("")
+    default = (
+        "<configuration>\n"
+        '    <event name="jdk.JavaMonitorEnter">\n'
+        '      <setting name="threshold" control="locking-threshold">20 ms</setting>\n'
+        "    </event>\n"
+        '    <event name="jdk.Compilation">\n'
+        '      <setting name="enabled" control="compiler-enabled">true</setting>\n'
+        '      <setting name="threshold" control="compiler-compilation-threshold">1000 ms</setting>\n'
+        "    </event>\n"
+        "</configuration>\n"
+    )
+    (jdk / "lib" / "jfr" / "default.jfc").write_text(default)
+    link = tmp_path / "jfr"
+    link.symlink_to(jdk / "bin" / "jfr")  # as /usr/bin/jfr links into the JDK
+
+    settings = cpu.jit_settings(link)
+
+    assert settings == default.replace(
+        'compiler-compilation-threshold">1000 ms<', 'compiler-compilation-threshold">0 ms<'
+    )
+    (jdk / "lib" / "jfr" / "default.jfc").unlink()
+    with pytest.raises(SystemExit, match=r"no default\.jfc at .*jdk/lib/jfr/default\.jfc"):
+        cpu.jit_settings(link)

@@ -52,6 +52,7 @@ batch 0's). Record with the JDK's flight recorder, every compilation included (i
 settings keep only those over a second)::
 
     .venv/bin/python bench/cpu_by_batch.py jit-settings --out /tmp/jit.jfc
+    mkdir -p /tmp/jit
     .venv/bin/python bench/w5.py --size full --keys 1000000,4000000 --providers heapstate \\
         --java-option=-XX:StartFlightRecording=settings=/tmp/jit.jfc,filename=/tmp/jit/
     .venv/bin/python bench/cpu_by_batch.py report --jit --recording /tmp/jit/hotspot-....jfr \\

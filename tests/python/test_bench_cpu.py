@@ -343,13 +343,10 @@ def test_allocations_are_cut_at_the_batches_in_mb_and_ranked_by_site() -> None:
     assert "page zeroing" not in steady[1]
 
 
-def test_alloc_report_runs_jfr_in_english_and_prints_mib_by_batch_and_site(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """``report --alloc`` from its command line, with a stand-in for the JDK's ``jfr`` that checks
-    it was asked for English and prints ``ALLOCATIONS``."""
-    printed = tmp_path / "printed.txt"
-    printed.write_text(ALLOCATIONS)
+def _stand_in_jfr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cases: str) -> Path:
+    """Puts a stand-in for the JDK's ``jfr`` first on PATH: it records its arguments (in the file
+    it returns), exits 3 unless asked for English (``JFR_ENGLISH``), and runs ``cases``, the
+    branches of a shell ``case "$*" in``."""
     calls = tmp_path / "calls.txt"
     fake = tmp_path / "bin" / "jfr"
     fake.parent.mkdir()
@@ -357,12 +354,26 @@ def test_alloc_report_runs_jfr_in_english_and_prints_mib_by_batch_and_site(
         "#!/bin/sh\n"
         f'echo "$*" >> "{calls}"\n'
         'case "$*" in *-J-Duser.language=en*-J-Duser.country=US*) ;; *) exit 3 ;; esac\n'
-        'case "$*" in\n'
-        '  *" summary "*) echo " Start: 2026-11-25 23:59:58 (UTC)" ;;\n'
-        f'  *" print "*) cat "{printed}" ;;\n'
-        "esac\n"
+        f'case "$*" in\n{cases}esac\n'
     )
     fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    return calls
+
+
+def test_alloc_report_runs_jfr_in_english_and_prints_mib_by_batch_and_site(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``report --alloc`` from its command line, with a stand-in for the JDK's ``jfr`` that checks
+    it was asked for English and prints ``ALLOCATIONS``."""
+    printed = tmp_path / "printed.txt"
+    printed.write_text(ALLOCATIONS)
+    calls = _stand_in_jfr(
+        tmp_path,
+        monkeypatch,
+        '  *" summary "*) echo " Start: 2026-11-25 23:59:58 (UTC)" ;;\n'
+        f'  *" print "*) cat "{printed}" ;;\n',
+    )
     recording = tmp_path / "alloc.jfr"
     recording.write_bytes(b"")
     day = START.timestamp() * 1000
@@ -372,7 +383,6 @@ def test_alloc_report_runs_jfr_in_english_and_prints_mib_by_batch_and_site(
     ]
     report = tmp_path / "w1.json"
     report.write_text(json.dumps({"runs": {"heapstate": {"batches": batches}}}))
-    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
 
     cpu.main(
         ["report", "--alloc", "--recording", str(recording), "--report", str(report)]
@@ -543,19 +553,12 @@ def test_jit_report_runs_jfr_json_in_english_and_prints_each_batch(
     was asked for English and JSON and prints ``JIT_DOC``."""
     printed = tmp_path / "printed.json"
     printed.write_text(json.dumps(JIT_DOC))
-    calls = tmp_path / "calls.txt"
-    fake = tmp_path / "bin" / "jfr"
-    fake.parent.mkdir()
-    fake.write_text(
-        "#!/bin/sh\n"
-        f'echo "$*" >> "{calls}"\n'
-        'case "$*" in *-J-Duser.language=en*-J-Duser.country=US*) ;; *) exit 3 ;; esac\n'
-        'case "$*" in\n'
+    calls = _stand_in_jfr(
+        tmp_path,
+        monkeypatch,
         f'  *" print --json --events jdk.Deoptimization,jdk.Compilation "*) cat "{printed}" ;;\n'
-        "  *) exit 4 ;;\n"
-        "esac\n"
+        "  *) exit 4 ;;\n",
     )
-    fake.chmod(0o755)
     recording = tmp_path / "jit.jfr"
     recording.write_bytes(b"")
     day = START.timestamp() * 1000
@@ -571,7 +574,6 @@ def test_jit_report_runs_jfr_json_in_english_and_prints_each_batch(
     ]
     report = tmp_path / "w5.json"
     report.write_text(json.dumps({"runs": {"heapstate@1000000": {"batches": batches}}}))
-    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
 
     cpu.main(
         ["report", "--jit", "--recording", str(recording), "--report", str(report)]

@@ -43,11 +43,10 @@ batch. ``jfr print`` writes the weights rounded to a tenth of a KiB or MiB (it c
 MB), in the JVM's language, so the script runs it in English.
 
 With ``--jit`` it lists, for each batch, the JIT's work on the store's own classes (heapstate's,
-``JIT_PREFIX``): each deoptimisation (the compiled code of a method thrown away, with the line
-and the reason) and each compilation by C2 (``C2_LEVEL``), beside the batch's trigger time and
-the CPU of the store's part of its commits. A deoptimisation in the steady batches sends the
-method, and every method it was inlined into, back to slower code until the JIT has counted it
-again (stop 75 found a commit's loop running in C1's code for four to five batches after
+``JIT_PREFIX``): each deoptimisation (a trap in compiled code, named by the method it is in, which may have been
+inlined into the compiled one, with its line, reason and action) and each compilation by C2 (``C2_LEVEL``), beside the batch's trigger time and
+the CPU of the store's part of its commits. A deoptimisation whose action is ``reinterpret`` throws the compiled method that
+hit it away, and that code runs in slower tiers until the JIT has counted it again (stop 75 found a commit's loop running in C1's code for four to five batches after
 batch 0's). Record with the JDK's flight recorder, every compilation included (its default
 settings keep only those over a second)::
 
@@ -332,7 +331,11 @@ C2_LEVEL = 4
 
 JIT_EVENTS = "jdk.Deoptimization,jdk.Compilation"
 
-_JSON_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")
+_JSON_TIME = re.compile(
+    r"^(\d{4}-\d\d-\d\dT\d\d:\d\d)(?::(\d\d))?(?:\.(\d+))?(?:(Z)|([+-])(\d\d):(\d\d)(?::(\d\d))?)$"
+)
+"""A time as ``jfr print --json`` writes it (Java's ``OffsetDateTime``): seconds, their fraction
+and the offset's seconds are left out when zero."""
 
 
 @dataclass(frozen=True)
@@ -361,9 +364,10 @@ def _json_epoch_ms(text: str) -> float:
     m = _JSON_TIME.match(text)
     if m is None:
         raise SystemExit(f"jfr print --json wrote a time this script cannot read: {text!r}")
-    zone = "+00:00" if m[3] == "Z" else m[3]
-    moment = dt.datetime.fromisoformat(m[1] + zone)
-    return moment.timestamp() * 1000 + float("0." + (m[2] or "0")) * 1000
+    local = dt.datetime.fromisoformat(f"{m[1]}:{m[2] or '00'}").replace(tzinfo=dt.timezone.utc)
+    offset_s = 0 if m[4] else int(m[6]) * 3600 + int(m[7]) * 60 + int(m[8] or 0)
+    sign = -1 if m[5] == "-" else 1
+    return (local.timestamp() - sign * offset_s) * 1000 + float("0." + (m[3] or "0")) * 1000
 
 
 def parse_jit_events(doc: dict[str, Any], prefix: str = JIT_PREFIX) -> list[JitEvent]:

@@ -519,6 +519,10 @@ def test_jit_events_of_the_stores_methods_are_read_in_time_order() -> None:
         # 01:00:00.750 at an hour east of UTC is 00:00:00.750 UTC.
         cpu.JitEvent(day + 2750, "heapstate.engine.EntryTable.put", False, level=4),
     ]
+    # Java leaves out zero seconds, a zero fraction and an offset's zero seconds.
+    assert cpu._json_epoch_ms("2026-11-26T00:01Z") == day + 2000 + 60_000
+    assert cpu._json_epoch_ms("2026-11-26T05:31:02.5+05:30:00") == day + 2000 + 62_500
+    assert cpu._json_epoch_ms("2026-11-25T23:58:59-00:00:30") == day - 29_000
     bad = {"recording": {"events": [dict(JIT_DOC["recording"]["events"][1])]}}
     bad["recording"]["events"][0] = {
         "type": "jdk.Deoptimization",

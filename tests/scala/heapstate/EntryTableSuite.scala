@@ -109,7 +109,8 @@ class EntryTableSuite extends AnyFunSuite {
       differing(3), // differs in its first word
       differing(12), // in its second
       word ++ Array.fill[Byte](8)(0), // longer: the 16 bytes above, then a word of zeros
-      word ++ Array[Byte](5), // 17 bytes: differs from the first past its words only
+      word ++ Array[Byte](5), // 17 bytes: the 16 bytes above, then a byte
+      word ++ Array[Byte](6), // 17 bytes too: differs from the one above in its last byte only
       word.take(8), // shorter: the first word alone
       word.take(15) ++ Array[Byte](word(15)) // equal to the first, in another array
     )

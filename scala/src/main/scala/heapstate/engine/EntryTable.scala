@@ -120,9 +120,10 @@ final class EntryTable(expectedKeys: Int = 16) {
   /**
    * [[readAhead]]'s first slots, read before the entries they point to: of at most
    * [[LiveState.ReadAheadKeys]] keys a call, so that no call grows it. A commit reads ahead in its
-   * look-up loop ([[LiveState.prepareCommit]]), and growing this array was a branch that a JVM
-   * warmed up on small commits had not seen: at the first larger commit the JIT threw the loop's
-   * compiled code away, and the commits after it ran it in a slower tier (stop 75).
+   * look-up loop (`LiveState.lookUpChanges`, under [[LiveState.prepareCommit]]), and growing this
+   * array was a branch that a JVM warmed up on small commits had not seen: at the first larger
+   * commit the JIT threw the loop's compiled code away, and the commits after it ran it in a slower
+   * tier (stop 75).
    */
   private val scratchSlots = new Array[Long](LiveState.ReadAheadKeys)
   /**
@@ -269,8 +270,9 @@ final class EntryTable(expectedKeys: Int = 16) {
    * case: when one comes (W5's batches of 10,000 look-ups meet a few), it throws away the compiled
    * code of the caller that inlined this (a commit's look-up loop, a get) until it has counted it
    * again. A version that compared a tagged candidate whole and tested the result once, a branch
-   * taken both ways, avoided that but cost the store's get 40% (`GetPath`, 1M keys: 2,846 gets a
-   * ms against 4,717 in the same hour; stop 75), so the comparison stays as it is.
+   * taken both ways, avoided that but cost the store's get a third (`GetPath`, 1M keys, four JVMs
+   * of each taking turns: 2,846 to 3,264 gets a ms against 4,687 to 5,012; stop 75), so the
+   * comparison stays as it is.
    */
   private def findSlot(ss: Array[Long], base: AnyRef, offset: Long, length: Int, hash: Int): Int = {
     val mask = ss.length - 1

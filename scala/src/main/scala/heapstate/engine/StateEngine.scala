@@ -114,7 +114,10 @@ object StateEngine {
     }
   }
 
-  /** Marks the bucket of each of `keys` touched in `base` and in `next`, either of which may be null (see [[writeRecords]]). */
+  /**
+   * Marks the bucket of each of `keys` touched in `base` and in `next`, either of which may be
+   * null (see [[writeRecords]]).
+   */
   private def markKeys(keys: Array[Key], base: TouchedBuckets, next: TouchedBuckets): Unit = {
     var i = 0
     while (i < keys.length) {

@@ -43,12 +43,14 @@ batch. ``jfr print`` writes the weights rounded to a tenth of a KiB or MiB (it c
 MB), in the JVM's language, so the script runs it in English.
 
 With ``--jit`` it lists, for each batch, the JIT's work on the store's own classes (heapstate's,
-``JIT_PREFIX``): each deoptimisation (a trap in compiled code, named by the method it is in, which may have been
-inlined into the compiled one, with its line, reason and action) and each compilation by C2 (``C2_LEVEL``), beside the batch's trigger time and
-the CPU of the store's part of its commits. A deoptimisation whose action is ``reinterpret`` throws the compiled method that
-hit it away, and that code runs in slower tiers until the JIT has counted it again (stop 75 found a commit's loop running in C1's code for four to five batches after
-batch 0's). Record with the JDK's flight recorder, every compilation included (its default
-settings keep only those over a second)::
+``JIT_PREFIX``): each deoptimisation (a trap in compiled code, named by the method it is in,
+which may have been inlined into the compiled one, with its line, reason and action) and each
+compilation by C2 (``C2_LEVEL``), beside the batch's trigger time and the CPU of the store's part
+of its commits. A deoptimisation whose action is ``reinterpret`` throws the compiled method that
+hit it away, and that code runs in slower tiers until the JIT has counted it again (stop 75 found
+a commit's loop running in C1's code for four to five batches after batch 0's). Record with the
+JDK's flight recorder, every compilation included (its default settings keep only those over a
+second)::
 
     .venv/bin/python bench/cpu_by_batch.py jit-settings --out /tmp/jit.jfc
     mkdir -p /tmp/jit
@@ -545,7 +547,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     rep.add_argument(
         "--recording",
         required=True,
-        help="a .jfr recording of one worker: async-profiler's, or the JDK's with --alloc",
+        help="a .jfr recording of one worker: async-profiler's, or the JDK's with --alloc or --jit",
     )
     rep.add_argument("--report", required=True, help="the W1 or W5 JSON report of the same run")
     rep.add_argument(

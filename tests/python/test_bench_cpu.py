@@ -8,6 +8,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -361,6 +362,18 @@ def _stand_in_jfr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cases: str) -
     return calls
 
 
+def _report_from_command_line(
+    tmp_path: Path, mode: str, run: str, batches: list[dict[str, Any]]
+) -> None:
+    """``cpu_by_batch.py report <mode>`` from its command line, of an empty recording (the stand-in
+    ``jfr`` prints what a test wants) and a report whose run ``run`` has ``batches``."""
+    recording = tmp_path / "worker.jfr"
+    recording.write_bytes(b"")
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"runs": {run: {"batches": batches}}}))
+    cpu.main(["report", mode, "--recording", str(recording), "--report", str(report), "--run", run])
+
+
 def test_alloc_report_runs_jfr_in_english_and_prints_mib_by_batch_and_site(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -374,20 +387,13 @@ def test_alloc_report_runs_jfr_in_english_and_prints_mib_by_batch_and_site(
         '  *" summary "*) echo " Start: 2026-11-25 23:59:58 (UTC)" ;;\n'
         f'  *" print "*) cat "{printed}" ;;\n',
     )
-    recording = tmp_path / "alloc.jfr"
-    recording.write_bytes(b"")
     day = START.timestamp() * 1000
     batches = [
         {"batch": 1, "start_epoch_ms": day + 1000, "end_epoch_ms": day + 1400, "trigger_ms": 400},
         {"batch": 2, "start_epoch_ms": day + 1400, "end_epoch_ms": day + 3000, "trigger_ms": 1600},
     ]
-    report = tmp_path / "w1.json"
-    report.write_text(json.dumps({"runs": {"heapstate": {"batches": batches}}}))
 
-    cpu.main(
-        ["report", "--alloc", "--recording", str(recording), "--report", str(report)]
-        + ["--run", "heapstate"]
-    )
+    _report_from_command_line(tmp_path, "--alloc", "heapstate", batches)
 
     out = capsys.readouterr().out.splitlines()
     assert (
@@ -563,8 +569,6 @@ def test_jit_report_runs_jfr_json_in_english_and_prints_each_batch(
         f'  *" print --json --events jdk.Deoptimization,jdk.Compilation "*) cat "{printed}" ;;\n'
         "  *) exit 4 ;;\n",
     )
-    recording = tmp_path / "jit.jfr"
-    recording.write_bytes(b"")
     day = START.timestamp() * 1000
     batches = [
         {
@@ -576,13 +580,8 @@ def test_jit_report_runs_jfr_json_in_english_and_prints_each_batch(
         },
         {"batch": 2, "start_epoch_ms": day + 2000, "end_epoch_ms": day + 2900, "trigger_ms": 900},
     ]
-    report = tmp_path / "w5.json"
-    report.write_text(json.dumps({"runs": {"heapstate@1000000": {"batches": batches}}}))
 
-    cpu.main(
-        ["report", "--jit", "--recording", str(recording), "--report", str(report)]
-        + ["--run", "heapstate@1000000"]
-    )
+    _report_from_command_line(tmp_path, "--jit", "heapstate@1000000", batches)
 
     out = capsys.readouterr().out.splitlines()
     assert out == [
@@ -607,15 +606,11 @@ def test_jit_report_runs_jfr_json_in_english_and_prints_each_batch(
         }
         for b in batches
     ]
-    report.write_text(json.dumps({"runs": {"heapstate@1000000": {"batches": later}}}))
     with pytest.raises(
         SystemExit,
         match=r"no deoptimisation or compilation of heapstate\.\* .*another worker's recording",
     ):
-        cpu.main(
-            ["report", "--jit", "--recording", str(recording), "--report", str(report)]
-            + ["--run", "heapstate@1000000"]
-        )
+        _report_from_command_line(tmp_path, "--jit", "heapstate@1000000", later)
 
 
 def test_jit_settings_record_every_compilation_and_nothing_else_changes(tmp_path: Path) -> None:

@@ -119,13 +119,13 @@ final class EntryTable(expectedKeys: Int = 16) {
   private var readAheadSum = 0L
   /**
    * [[readAhead]]'s first slots, read before the entries they point to: of at most
-   * [[LiveState.ReadAheadKeys]] keys a call, so that no call grows it. A commit reads ahead in its
+   * [[EntryTable.ReadAheadKeys]] keys a call, so that no call grows it. A commit reads ahead in its
    * look-up loop (`LiveState.lookUpChanges`, under [[LiveState.prepareCommit]]), and growing this
    * array was a branch that a JVM warmed up on small commits had not seen: at the first larger
    * commit the JIT threw the loop's compiled code away, and the commits after it ran it in a slower
    * tier (stop 75).
    */
-  private val scratchSlots = new Array[Long](LiveState.ReadAheadKeys)
+  private val scratchSlots = new Array[Long](EntryTable.ReadAheadKeys)
   /**
    * Holes: same-length updates that [[replaceAt]] appended (while updates could not be written in
    * place), each as the slot and slot-array stamp it was made in, the address it appended, and
@@ -234,7 +234,7 @@ final class EntryTable(expectedKeys: Int = 16) {
    * caches. Each is a cache miss in a table of millions of keys (a TLB miss too, at 4M keys), and a
    * probe makes them one after the other; here the reads of different keys do not wait for each
    * other, so the core has many misses in flight at once (Java has no prefetch instruction).
-   * Reads ahead for the first [[LiveState.ReadAheadKeys]] of them at most.
+   * Reads ahead for the first [[EntryTable.ReadAheadKeys]] of them at most.
    */
   def readAhead(keys: Array[Key], from: Int, until: Int): Unit = {
     val ss = slots
@@ -1032,6 +1032,12 @@ object EntryTable {
   val MinPageBytes: Int = 4 * 1024
   /** An entry longer than this gets a page of its own. */
   val LargeEntry: Int = YoungPageBytes / 4
+  /**
+   * How many keys [[LiveState.prepareCommit]] reads ahead ([[EntryTable.readAhead]]) before it
+   * looks them up one by one: the slots and entry heads of 256 keys (two 4 KiB pages each, at most)
+   * stay in the L2 cache and its TLB until their look-ups come.
+   */
+  val ReadAheadKeys = 256
 
   /** G1's heap region size, when this JVM runs G1. */
   private def g1RegionBytes: Option[Long] =

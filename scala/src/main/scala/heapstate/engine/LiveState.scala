@@ -334,8 +334,8 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     var delta = 0L
     var i = 0
     while (i < n) {
-      if (whole && i % LiveState.ReadAheadKeys == 0)
-        table.readAhead(keys, i, math.min(i + LiveState.ReadAheadKeys, n))
+      if (whole && i % EntryTable.ReadAheadKeys == 0)
+        table.readAhead(keys, i, math.min(i + EntryTable.ReadAheadKeys, n))
       val key = keys(i)
       val prior = if (whole) {
         val slot = table.slotOf(key)
@@ -628,13 +628,6 @@ object LiveState {
 
   /** A lazily loaded state is whole after at most this many commits, each loading its share. */
   val LoadSteps = 8
-
-  /**
-   * How many keys [[LiveState.prepareCommit]] reads ahead ([[EntryTable.readAhead]]) before it
-   * looks them up one by one: the slots and entry heads of 256 keys (two 4 KiB pages each, at most)
-   * stay in the L2 cache and its TLB until their look-ups come.
-   */
-  val ReadAheadKeys = 256
 
   /** A snapshot being loaded bucket by bucket, and the keys journals deleted above it. */
   private final class PendingSnapshot(val buckets: SnapshotBuckets) {

@@ -45,8 +45,8 @@ MB), in the JVM's language, so the script runs it in English.
 With ``--jit`` it lists, for each batch, the JIT's work on the store's own classes (heapstate's,
 ``JIT_PREFIX``): each deoptimisation (a trap in compiled code, named by the method it is in,
 which may have been inlined into the compiled one, with its line, reason and action) and each
-compilation by C2 (``C2_LEVEL``), beside the batch's trigger time and the CPU of the store's part
-of its commits. A deoptimisation whose action is ``reinterpret`` throws the compiled method that
+compilation by C2 (``C2_LEVEL``, with the bytes of code it made and of bytecode it inlined),
+beside the batch's trigger time and the CPU of the store's part of its commits. A deoptimisation whose action is ``reinterpret`` throws the compiled method that
 hit it away, and that code runs in slower tiers until the JIT has counted it again (stop 75 found
 a commit's loop running in C1's code for four to five batches after batch 0's). Record with the
 JDK's flight recorder, every compilation included (its default settings keep only those over a
@@ -344,7 +344,8 @@ and the offset's seconds are left out when zero."""
 class JitEvent:
     """A deoptimisation or a compilation: when (epoch ms), of which method (``pkg.Class.name``),
     and what: the line, reason and action of a deoptimisation; the tier (and OSR: a loop's code
-    entered while it runs) of a compilation."""
+    entered while it runs) of a compilation, and the bytes of machine code it made and of bytecode
+    it inlined (two compilations of one method that inlined different callees differ there)."""
 
     epoch_ms: float
     method: str
@@ -354,12 +355,19 @@ class JitEvent:
     action: str = ""
     level: int | None = None
     osr: bool = False
+    code_bytes: int | None = None
+    inlined_bytes: int | None = None
 
     def describe(self) -> str:
         name = self.method.removeprefix(JIT_PREFIX)
         if self.deopt:
             return f"{name}:{self.line} {self.reason}/{self.action}"
-        return f"{name}{' (OSR)' if self.osr else ''}"
+        sizes = (
+            ""
+            if self.code_bytes is None
+            else f" [{self.code_bytes} B of code, {self.inlined_bytes} B of bytecode inlined]"
+        )
+        return f"{name}{' (OSR)' if self.osr else ''}{sizes}"
 
 
 def _json_epoch_ms(text: str) -> float:
@@ -391,9 +399,37 @@ def parse_jit_events(doc: dict[str, Any], prefix: str = JIT_PREFIX) -> list[JitE
             line = v.get("lineNumber")
             out.append(JitEvent(at, name, True, line, v.get("reason", ""), v.get("action", "")))
         elif v.get("succeded", True):  # the JDK's spelling
-            level = v.get("compileLevel")
-            out.append(JitEvent(at, name, False, level=level, osr=bool(v.get("isOsr"))))
+            out.append(
+                JitEvent(
+                    at,
+                    name,
+                    False,
+                    level=v.get("compileLevel"),
+                    osr=bool(v.get("isOsr")),
+                    code_bytes=v.get("codeSize"),
+                    inlined_bytes=v.get("inlinedBytes"),
+                )
+            )
     return sorted(out, key=lambda e: e.epoch_ms)
+
+
+def _jit_in_batches(
+    events: Iterable[JitEvent], batches: Sequence[dict[str, Any]]
+) -> dict[int, list[JitEvent]]:
+    """Each batch's events, of every tier: those inside its start and end."""
+    windows = _windows(batches)
+    out: dict[int, list[JitEvent]] = {b["batch"]: [] for b in batches}
+    for e in events:
+        batch = _batch_of(windows, e.epoch_ms)
+        if batch is not None:
+            out[batch].append(e)
+    return out
+
+
+def _deopts_and_c2(in_batches: dict[int, list[JitEvent]]) -> dict[int, list[JitEvent]]:
+    return {
+        b: [e for e in events if e.deopt or e.level == C2_LEVEL] for b, events in in_batches.items()
+    }
 
 
 def jit_by_batch(
@@ -401,13 +437,7 @@ def jit_by_batch(
 ) -> dict[int, list[JitEvent]]:
     """Each batch's deoptimisations and compilations by C2 (``C2_LEVEL``), from those inside its
     start and end."""
-    windows = _windows(batches)
-    out: dict[int, list[JitEvent]] = {b["batch"]: [] for b in batches}
-    for e in events:
-        batch = _batch_of(windows, e.epoch_ms)
-        if batch is not None and (e.deopt or e.level == C2_LEVEL):
-            out[batch].append(e)
-    return out
+    return _deopts_and_c2(_jit_in_batches(events, batches))
 
 
 def print_jit(
@@ -437,13 +467,19 @@ def print_jit(
     )
 
 
-def jit_settings(jdk_jfr: Path) -> str:
+def jit_settings(jdk_jfr: Path, java_home: str | None = None) -> str:
     """The JDK's default flight-recorder settings (``lib/jfr/default.jfc`` of the JDK that holds
-    ``jdk_jfr``, its ``jfr`` tool), with every compilation recorded instead of those over a
-    second only."""
-    default = jdk_jfr.resolve().parent.parent / "lib" / "jfr" / "default.jfc"
-    if not default.is_file():
-        raise SystemExit(f"no default.jfc at {default} (the JDK of {jdk_jfr})")
+    ``jdk_jfr``, its ``jfr`` tool, or else of ``java_home``: a ``jfr`` that is a launcher of the
+    system's, such as macOS's ``/usr/bin/jfr``, lies outside any JDK), with every compilation
+    recorded instead of those over a second only."""
+    homes = [jdk_jfr.resolve().parent.parent] + ([Path(java_home)] if java_home else [])
+    tried = [home / "lib" / "jfr" / "default.jfc" for home in homes]
+    default = next((f for f in tried if f.is_file()), None)
+    if default is None:
+        raise SystemExit(
+            f"no default.jfc at {' or '.join(map(str, tried))} (the JDK of {jdk_jfr}"
+            f"{', then JAVA_HOME' if java_home else '; set JAVA_HOME to a JDK'})"
+        )
     pattern = re.compile(
         r'(<event name="jdk\.Compilation">.*?<setting name="threshold"[^>]*>)[^<]*(</setting>)',
         re.DOTALL,
@@ -592,7 +628,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not Path(jfr).is_file():
         raise SystemExit("the JDK's jfr tool is not on PATH or in JAVA_HOME/bin")
     if args.command == "jit-settings":
-        Path(args.out).write_text(jit_settings(Path(jfr)))
+        Path(args.out).write_text(jit_settings(Path(jfr), os.environ.get("JAVA_HOME")))
         print(
             f"--java-option=-XX:StartFlightRecording=settings={Path(args.out).resolve()},filename=DIR/"
         )
@@ -611,14 +647,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         if printed_json.returncode != 0:
             raise SystemExit(f"jfr print failed on {recording}: {printed_json.stderr.strip()}")
-        events = parse_jit_events(json.loads(printed_json.stdout))
-        windows = _windows(batches)
-        if not any(_batch_of(windows, e.epoch_ms) is not None for e in events):
+        in_batches = _jit_in_batches(parse_jit_events(json.loads(printed_json.stdout)), batches)
+        # Any event of the store's inside the batches (a C1 compilation too) says the recording is
+        # of this run's JVM, even when none of them is one the table lists.
+        if not any(in_batches.values()):
             sys.exit(
                 f"no deoptimisation or compilation of {JIT_PREFIX}* in {recording} falls inside a "
                 f"batch of round {args.round} of run '{args.run}': another worker's recording?"
             )
-        print_jit(batches, jit_by_batch(events, batches))
+        print_jit(batches, _deopts_and_c2(in_batches))
         return
     start = recording_start(recording, jfr)
     event = "jdk.ObjectAllocationSample" if args.alloc else "jdk.ExecutionSample"

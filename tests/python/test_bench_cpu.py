@@ -438,7 +438,8 @@ def _method(owner: str, name: str) -> dict[str, object]:
 
 # What `jfr print --json --events jdk.Deoptimization,jdk.Compilation` writes, cut down: a
 # deoptimisation of heapstate's look-up, one of Spark's (not the store's), a C2 compilation of a
-# commit loop entered while it runs (OSR), a C1 one, and a C2 one that failed.
+# commit loop entered while it runs (OSR), a C1 one, a C2 one without its sizes, and a C2 one that
+# failed.
 JIT_DOC = {
     "recording": {
         "events": [
@@ -450,6 +451,8 @@ JIT_DOC = {
                     "compileLevel": 4,
                     "isOsr": True,
                     "succeded": True,
+                    "codeSize": 2384,
+                    "inlinedBytes": 410,
                 },
             },
             {
@@ -519,7 +522,13 @@ def test_jit_events_of_the_stores_methods_are_read_in_time_order() -> None:
             "reinterpret",
         ),
         cpu.JitEvent(
-            day + 1900, "heapstate.engine.LiveState.lookUpChanges", False, level=4, osr=True
+            day + 1900,
+            "heapstate.engine.LiveState.lookUpChanges",
+            False,
+            level=4,
+            osr=True,
+            code_bytes=2384,
+            inlined_bytes=410,
         ),
         cpu.JitEvent(day + 2500, "heapstate.engine.StateEngine$.markKeys", False, level=3),
         # 01:00:00.750 at an hour east of UTC is 00:00:00.750 UTC.
@@ -550,7 +559,7 @@ def test_jit_events_are_cut_at_the_batches_keeping_deopts_and_c2() -> None:
     assert {b: [e.describe() for e in events] for b, events in per_batch.items()} == {
         1: [
             "engine.EntryTable.findSlot:277 unstable_if/reinterpret",
-            "engine.LiveState.lookUpChanges (OSR)",
+            "engine.LiveState.lookUpChanges (OSR) [2384 B of code, 410 B of bytecode inlined]",
         ],
         2: [],
     }
@@ -589,7 +598,8 @@ def test_jit_report_runs_jfr_json_in_english_and_prints_each_batch(
         "batch  trigger commit CPU deopts  C2  what",
         (
             "    1     1000       14.2      1   1  deopt engine.EntryTable.findSlot:277 "
-            "unstable_if/reinterpret; C2 engine.LiveState.lookUpChanges (OSR)"
+            "unstable_if/reinterpret; C2 engine.LiveState.lookUpChanges (OSR) "
+            "[2384 B of code, 410 B of bytecode inlined]"
         ),
         "    2      900          -      0   1  C2 engine.EntryTable.put",
         "",
@@ -638,6 +648,21 @@ def test_jit_settings_record_every_compilation_and_nothing_else_changes(tmp_path
     assert settings == default.replace(
         'compiler-compilation-threshold">1000 ms<', 'compiler-compilation-threshold">0 ms<'
     )
+    # A jfr outside any JDK (macOS's /usr/bin/jfr launches the one JAVA_HOME names): JAVA_HOME's.
+    launcher = tmp_path / "usr" / "bin" / "jfr"
+    launcher.parent.mkdir(parents=True)
+    launcher.write_text("")
+    assert cpu.jit_settings(launcher, str(jdk)) == settings
+    with pytest.raises(
+        SystemExit, match=r"no default\.jfc at .*usr/lib/jfr/default\.jfc \(.*set JAVA_HOME"
+    ):
+        cpu.jit_settings(launcher)
+
     (jdk / "lib" / "jfr" / "default.jfc").unlink()
-    with pytest.raises(SystemExit, match=r"no default\.jfc at .*jdk/lib/jfr/default\.jfc"):
+    with pytest.raises(SystemExit, match=r"no default\.jfc at .*jdk/lib/jfr/default\.jfc \("):
         cpu.jit_settings(link)
+    with pytest.raises(
+        SystemExit,
+        match=r"at .*usr/lib/jfr/default\.jfc or .*jdk/lib/jfr/default\.jfc .*then JAVA_HOME",
+    ):
+        cpu.jit_settings(launcher, str(jdk))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import gzip
 import json
 import os
 import re
@@ -37,6 +38,10 @@ from typing import Any
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
+EVIDENCE_DIR = BENCH_DIR / "evidence"
+"""The reports that the README's tables and docs/PERFORMANCE_HISTORY.md's newest section come
+from, gzipped and kept in git (``bench/results/`` is not): a fresh checkout can re-render and
+recount from them."""
 DEFAULT_PYTHON = REPO_DIR / ".venv" / "bin" / "python"
 REPO_JAR = REPO_DIR / "target" / "heapstate.jar"
 
@@ -79,6 +84,15 @@ PROVIDERS: dict[str, Provider] = {
     )
 }
 """Every provider, in the order they run by default: the baseline first."""
+
+
+def read_report_text(path: Path) -> str:
+    """A JSON report's text, gunzipped when the file's name ends in ``.gz`` (``EVIDENCE_DIR``'s).
+    A damaged gzip file raises ``OSError`` or ``EOFError``."""
+    if path.name.endswith(".gz"):
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            return f.read()
+    return path.read_text()
 
 
 def parse_providers(spec: str) -> list[Provider]:

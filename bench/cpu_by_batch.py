@@ -82,7 +82,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _common import thread_kind
+from _common import read_report_text, thread_kind
 from _delta import maven_mirror
 from w5 import runs_by_round
 
@@ -546,7 +546,7 @@ def run_batches(
     """The per-batch records of run ``run`` (a provider, or ``provider@K`` in W5) of a report, in
     round ``in_round`` (W5's ``--repeat``, counted from 1); with ``restarts``, its fresh-process
     restart batches instead (W1), each recorded by the JVM that restarted."""
-    runs = runs_by_round(json.loads(report.read_text()))
+    runs = runs_by_round(json.loads(read_report_text(report)))
     if run not in runs:
         raise SystemExit(
             f"{report} has no run '{run}' with batches; it has: {', '.join(sorted(runs)) or 'none'}"

@@ -38,6 +38,7 @@ from _common import (
     RESULTS_DIR,
     fmt_ms,
     fmt_ms_fine,
+    read_report_text,
     slowest_batch_detail,
 )
 
@@ -116,8 +117,8 @@ W5_COLUMNS: list[tuple[str, str, Fmt]] = [
 
 def load(path: Path) -> dict[str, Any]:
     try:
-        report = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
+        report = json.loads(read_report_text(path))
+    except (OSError, EOFError, json.JSONDecodeError) as err:
         raise SystemExit(f"{path}: not a readable JSON report: {err}") from err
     if not isinstance(report, dict) or "benchmark" not in report:
         raise SystemExit(f"{path}: not a benchmark report (no 'benchmark' field)")

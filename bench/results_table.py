@@ -61,6 +61,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from _common import read_report_text
 from w5 import runs_by_round
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -264,8 +265,8 @@ def rows_from_report(report: Mapping[str, Any], source: Path) -> list[Row]:
 def load_report(path: Path) -> dict[str, Any]:
     """Parse one JSON report, naming the file when it is not one."""
     try:
-        report = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
+        report = json.loads(read_report_text(path))
+    except (OSError, EOFError, json.JSONDecodeError) as err:
         raise ValueError(f"{path}: not a readable JSON report: {err}") from err
     if not isinstance(report, dict):
         raise TypeError(f"{path}: not a JSON object")

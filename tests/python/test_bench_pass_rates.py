@@ -3,6 +3,7 @@ reports: exact counts, shares and table text, no Spark."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -105,6 +106,32 @@ def test_a_report_without_targets_is_refused_by_name(tmp_path: Path, capsys: Any
     not_json.write_text("{")
     with pytest.raises(SystemExit, match="broken.json: not a readable JSON report"):
         pass_rates.main([str(not_json)])
+
+
+def test_gzipped_reports_are_read_and_a_cut_one_is_refused_by_name(
+    tmp_path: Path, capsys: Any
+) -> None:
+    """The reports kept in bench/evidence/ are gzipped: they count as the same report would."""
+    plain = _write(tmp_path, [_w1(400, True), _w1(550, False)])
+    zipped = []
+    for path in plain:
+        target = Path(path + ".gz")
+        target.write_bytes(gzip.compress(Path(path).read_bytes()))
+        zipped.append(str(target))
+    pass_rates.main(plain)
+    from_plain = capsys.readouterr().out
+    pass_rates.main(zipped)
+    assert capsys.readouterr().out == from_plain
+    assert f"| {SPIKES} | 1 of 2 | 0.80 | 0.95 | 1.10 |" in from_plain
+
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(Path(zipped[0]).read_bytes()[:-12])
+    with pytest.raises(SystemExit, match=r"cut\.json\.gz: not a readable JSON report"):
+        pass_rates.main([str(cut)])
+    not_gzip = tmp_path / "plain.json.gz"
+    not_gzip.write_bytes(Path(plain[0]).read_bytes())
+    with pytest.raises(SystemExit, match=r"plain\.json\.gz: not a readable JSON report"):
+        pass_rates.main([str(not_gzip)])
 
 
 def _summary(**ratios: tuple[float, float]) -> dict[str, Any]:

@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 import zipfile
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,9 +40,9 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
 EVIDENCE_DIR = BENCH_DIR / "evidence"
-"""The reports that the README's tables and docs/PERFORMANCE_HISTORY.md's newest section come
-from, gzipped and kept in git (``bench/results/`` is not): a fresh checkout can re-render and
-recount from them."""
+"""The reports that the README's tables and docs/PERFORMANCE_HISTORY.md's newest sections come
+from, from stop 76 on, gzipped and kept in git (``bench/results/`` is not): a fresh checkout can
+re-render the tables from them and count those runs' passes."""
 DEFAULT_PYTHON = REPO_DIR / ".venv" / "bin" / "python"
 REPO_JAR = REPO_DIR / "target" / "heapstate.jar"
 
@@ -88,11 +89,15 @@ PROVIDERS: dict[str, Provider] = {
 
 def read_report_text(path: Path) -> str:
     """A JSON report's text, gunzipped when the file's name ends in ``.gz`` (``EVIDENCE_DIR``'s).
-    A damaged gzip file raises ``OSError`` or ``EOFError``."""
-    if path.name.endswith(".gz"):
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            return f.read()
-    return path.read_text()
+    A file that cannot be read, a damaged gzip file (cut short, a byte changed, not gzip) and
+    bytes that are not UTF-8 all raise ``OSError``."""
+    try:
+        if path.name.endswith(".gz"):
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                return f.read()
+        return path.read_text(encoding="utf-8")
+    except (EOFError, zlib.error, UnicodeDecodeError) as err:
+        raise OSError(f"damaged: {err}") from err
 
 
 def parse_providers(spec: str) -> list[Provider]:

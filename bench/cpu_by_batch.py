@@ -46,9 +46,10 @@ With ``--jit`` it lists, for each batch, the JIT's work on the store's own class
 ``JIT_PREFIX``): each deoptimisation (a trap in compiled code, named by the method it is in,
 which may have been inlined into the compiled one, with its line, reason and action) and each
 compilation by C2 (``C2_LEVEL``, with the bytes of code it made and of bytecode it inlined),
-beside the batch's trigger time and the CPU of the store's part of its commits. A deoptimisation whose action is ``reinterpret`` throws the compiled method that
-hit it away, and that code runs in slower tiers until the JIT has counted it again (stop 75 found
-a commit's loop running in C1's code for four to five batches after batch 0's). Record with the
+beside the batch's trigger time and the CPU of the store's part of its commits. A
+deoptimisation whose action is ``reinterpret`` throws the compiled method that hit it away, and
+that code runs in slower tiers until the JIT has counted it again (stop 75 found a commit's loop
+running in C1's code for four to five batches after batch 0's). Record with the
 JDK's flight recorder, every compilation included (its default settings keep only those over a
 second)::
 
@@ -362,11 +363,14 @@ class JitEvent:
         name = self.method.removeprefix(JIT_PREFIX)
         if self.deopt:
             return f"{name}:{self.line} {self.reason}/{self.action}"
-        sizes = (
-            ""
-            if self.code_bytes is None
-            else f" [{self.code_bytes} B of code, {self.inlined_bytes} B of bytecode inlined]"
-        )
+        sizes = ""
+        if self.code_bytes is not None:
+            inlined = (
+                ""
+                if self.inlined_bytes is None
+                else f", {self.inlined_bytes} B of bytecode inlined"
+            )
+            sizes = f" [{self.code_bytes} B of code{inlined}]"
         return f"{name}{' (OSR)' if self.osr else ''}{sizes}"
 
 
@@ -546,7 +550,10 @@ def run_batches(
     """The per-batch records of run ``run`` (a provider, or ``provider@K`` in W5) of a report, in
     round ``in_round`` (W5's ``--repeat``, counted from 1); with ``restarts``, its fresh-process
     restart batches instead (W1), each recorded by the JVM that restarted."""
-    runs = runs_by_round(json.loads(read_report_text(report)))
+    try:
+        runs = runs_by_round(json.loads(read_report_text(report)))
+    except (OSError, json.JSONDecodeError) as err:
+        raise SystemExit(f"{report}: not a readable JSON report: {err}") from err
     if run not in runs:
         raise SystemExit(
             f"{report} has no run '{run}' with batches; it has: {', '.join(sorted(runs)) or 'none'}"

@@ -118,7 +118,7 @@ W5_COLUMNS: list[tuple[str, str, Fmt]] = [
 def load(path: Path) -> dict[str, Any]:
     try:
         report = json.loads(read_report_text(path))
-    except (OSError, EOFError, json.JSONDecodeError) as err:
+    except (OSError, json.JSONDecodeError) as err:
         raise SystemExit(f"{path}: not a readable JSON report: {err}") from err
     if not isinstance(report, dict) or "benchmark" not in report:
         raise SystemExit(f"{path}: not a benchmark report (no 'benchmark' field)")
@@ -126,11 +126,14 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def newest(results_dir: Path, benchmark: str, size: str) -> Path | None:
-    """The newest report (by its own timestamp) of ``benchmark`` at ``size``, if any."""
+    """The newest report (by its own timestamp) of ``benchmark`` at ``size``, if any, of the
+    ``.json`` and ``.json.gz`` reports in ``results_dir``."""
     found: list[tuple[str, Path]] = []
-    for path in results_dir.glob(f"{benchmark.lower()}-*.json"):
+    paths = [*results_dir.glob(f"{benchmark.lower()}-*.json")]
+    paths += results_dir.glob(f"{benchmark.lower()}-*.json.gz")
+    for path in paths:
         try:
-            report = json.loads(path.read_text())
+            report = json.loads(read_report_text(path))
         except (OSError, json.JSONDecodeError):
             continue  # a report still being written, or not one
         if report.get("benchmark") == benchmark and report.get("size") == size:

@@ -266,7 +266,7 @@ def load_report(path: Path) -> dict[str, Any]:
     """Parse one JSON report, naming the file when it is not one."""
     try:
         report = json.loads(read_report_text(path))
-    except (OSError, EOFError, json.JSONDecodeError) as err:
+    except (OSError, json.JSONDecodeError) as err:
         raise ValueError(f"{path}: not a readable JSON report: {err}") from err
     if not isinstance(report, dict):
         raise TypeError(f"{path}: not a JSON object")

@@ -4,6 +4,7 @@ and cut at a report's batches. Hand-written recordings and runs: no JVM, exact f
 from __future__ import annotations
 
 import datetime as dt
+import gzip
 import json
 import os
 import sys
@@ -185,6 +186,14 @@ def test_a_run_missing_from_the_report_is_named_with_the_ones_it_has(tmp_path: P
     assert cpu.run_batches(report, "hdfs@1000000") == []
     with pytest.raises(SystemExit, match=r"run 'hdfs@1000000' of .* has no fresh-process restart"):
         cpu.run_batches(report, "hdfs@1000000", restarts=True)
+    # A gzipped report (bench/evidence/'s) reads the same; a cut one is refused by name.
+    zipped = tmp_path / "w5.json.gz"
+    zipped.write_bytes(gzip.compress(report.read_bytes()))
+    assert cpu.run_batches(zipped, "hdfs@1000000") == []
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(zipped.read_bytes()[:-12])
+    with pytest.raises(SystemExit, match=r"cut\.json\.gz: not a readable JSON report"):
+        cpu.run_batches(cut, "hdfs@1000000")
 
 
 def test_restart_batches_are_the_runs_fresh_process_restarts(tmp_path: Path) -> None:
@@ -621,6 +630,33 @@ def test_jit_report_runs_jfr_json_in_english_and_prints_each_batch(
         match=r"no deoptimisation or compilation of heapstate\.\* .*another worker's recording",
     ):
         _report_from_command_line(tmp_path, "--jit", "heapstate@1000000", later)
+
+
+def test_jit_settings_from_the_command_line_fall_back_to_java_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``jit-settings`` with a ``jfr`` on the path that lies outside any JDK: JAVA_HOME's JDK."""
+    jdk = tmp_path / "jdk"
+    (jdk / "lib" / "jfr").mkdir(parents=True)
+    default = (
+        '<event name="jdk.Compilation">\n'
+        '  <setting name="threshold" control="compiler-compilation-threshold">1000 ms</setting>\n'
+        "</event>\n"
+    )
+    (jdk / "lib" / "jfr" / "default.jfc").write_text(default)
+    _stand_in_jfr(tmp_path, monkeypatch, "")  # tmp_path/bin/jfr: no lib/jfr beside it
+    monkeypatch.setenv("JAVA_HOME", str(jdk))
+    out = tmp_path / "jit.jfc"
+
+    cpu.main(["jit-settings", "--out", str(out)])
+
+    assert out.read_text() == default.replace(">1000 ms<", ">0 ms<")
+    assert capsys.readouterr().out == (
+        f"--java-option=-XX:StartFlightRecording=settings={out.resolve()},filename=DIR/\n"
+    )
+    monkeypatch.delenv("JAVA_HOME")
+    with pytest.raises(SystemExit, match=r"no default\.jfc at .*/lib/jfr/default\.jfc \(.*set"):
+        cpu.main(["jit-settings", "--out", str(out)])
 
 
 def test_jit_settings_record_every_compilation_and_nothing_else_changes(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,26 @@ def test_gzipped_reports_are_read_and_a_cut_one_is_refused_by_name(
     not_gzip.write_bytes(Path(plain[0]).read_bytes())
     with pytest.raises(SystemExit, match=r"plain\.json\.gz: not a readable JSON report"):
         pass_rates.main([str(not_gzip)])
+
+    # One byte changed inside the compressed data: zlib's own error for some bytes (the case
+    # checked to be among them), a checksum's or the stream's end for others; each is refused.
+    good = Path(zipped[0]).read_bytes()
+    zlib_errors = 0
+    for at in range(10, len(good) - 8):
+        changed = good[:at] + bytes([good[at] ^ 0x5A]) + good[at + 1 :]
+        try:
+            gzip.decompress(changed)
+        except zlib.error:
+            zlib_errors += 1
+        except (OSError, EOFError):
+            pass
+        else:
+            continue  # still a valid stream (the change hit nothing that is checked)
+        flipped = tmp_path / f"flipped-{at}.json.gz"
+        flipped.write_bytes(changed)
+        with pytest.raises(SystemExit, match=rf"flipped-{at}\.json\.gz: not a readable JSON"):
+            pass_rates.main([str(flipped)])
+    assert zlib_errors > 0
 
 
 def _summary(**ratios: tuple[float, float]) -> dict[str, Any]:

@@ -5,6 +5,7 @@ that keep a stale jar or a skipped full GC out of the figures: no Spark, exact f
 from __future__ import annotations
 
 import datetime as dt
+import gzip
 import json
 import os
 import shlex
@@ -339,6 +340,23 @@ def test_render_and_replace_block(tmp_path: Path) -> None:
         report.replace_block("no markers", block, "README.md")
 
 
+def test_the_results_table_reads_a_gzipped_report_and_names_a_damaged_one(tmp_path: Path) -> None:
+    zipped = tmp_path / "w1-20260101-120000.json.gz"
+    zipped.write_bytes(gzip.compress(json.dumps(W1).encode()))
+    assert results_table.load_report(zipped) == W1
+    # The same rows, but for the ``source`` column, which names the file.
+    from_zipped = results_table.rows_from_report(results_table.load_report(zipped), zipped)
+    from_plain = results_table.rows_from_report(W1, Path("w1-20260101-120000.json"))
+    assert {row["source"] for row in from_zipped} == {str(zipped)}
+    assert [{**row, "source": None} for row in from_zipped] == [
+        {**row, "source": None} for row in from_plain
+    ]
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(zipped.read_bytes()[:-12])
+    with pytest.raises(ValueError, match=r"cut\.json\.gz: not a readable JSON report"):
+        results_table.load_report(cut)
+
+
 def test_newest_picks_by_size_and_timestamp(tmp_path: Path) -> None:
     for name, size, stamp in (
         ("w1-a.json", "default", "20260101-000000"),
@@ -352,6 +370,14 @@ def test_newest_picks_by_size_and_timestamp(tmp_path: Path) -> None:
     assert report.newest(tmp_path, "W1", "default") == tmp_path / "w1-b.json"
     assert report.newest(tmp_path, "W1", "small") == tmp_path / "w1-c.json"
     assert report.newest(tmp_path, "W5", "full") is None
+    # A gzipped report (bench/evidence/'s) counts as the same report would; a damaged one is
+    # passed over as a partial one is.
+    (tmp_path / "w1-d.json.gz").write_bytes(
+        gzip.compress(b'{"benchmark": "W1", "size": "small", "timestamp": "20260104-000000"}')
+    )
+    (tmp_path / "w1-e.json.gz").write_bytes(b"not gzip")
+    assert report.newest(tmp_path, "W1", "small") == tmp_path / "w1-d.json.gz"
+    assert report.newest(tmp_path, "W1", "default") == tmp_path / "w1-b.json"
 
 
 def test_w5_heading_names_the_jvm_options() -> None:

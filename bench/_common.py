@@ -39,10 +39,6 @@ from typing import Any
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
-EVIDENCE_DIR = BENCH_DIR / "evidence"
-"""The reports that the README's tables and docs/PERFORMANCE_HISTORY.md's newest sections come
-from, from stop 76 on, gzipped and kept in git (``bench/results/`` is not): a fresh checkout can
-re-render the tables from them and count those runs' passes."""
 DEFAULT_PYTHON = REPO_DIR / ".venv" / "bin" / "python"
 REPO_JAR = REPO_DIR / "target" / "heapstate.jar"
 
@@ -87,17 +83,21 @@ PROVIDERS: dict[str, Provider] = {
 """Every provider, in the order they run by default: the baseline first."""
 
 
-def read_report_text(path: Path) -> str:
-    """A JSON report's text, gunzipped when the file's name ends in ``.gz`` (``EVIDENCE_DIR``'s).
-    A file that cannot be read, a damaged gzip file (cut short, a byte changed, not gzip) and
-    bytes that are not UTF-8 all raise ``OSError``."""
+def read_report(path: Path) -> Any:
+    """A JSON report's content, gunzipped first when the file's name ends in ``.gz`` (as the
+    reports kept in git in ``bench/evidence/`` are, from stop 76 on). A file that cannot be read,
+    a damaged gzip file (cut short, a byte changed, not gzip), bytes that are not UTF-8 and text
+    that is not JSON all raise ``ValueError`` with the message ``<path>: not a readable JSON
+    report: <why>``, which the scripts print as it is."""
     try:
         if path.name.endswith(".gz"):
             with gzip.open(path, "rt", encoding="utf-8") as f:
-                return f.read()
-        return path.read_text(encoding="utf-8")
-    except (EOFError, zlib.error, UnicodeDecodeError) as err:
-        raise OSError(f"damaged: {err}") from err
+                text = f.read()
+        else:
+            text = path.read_text(encoding="utf-8")
+        return json.loads(text)
+    except (OSError, EOFError, zlib.error, ValueError) as err:  # ValueError: JSON's and UTF-8's
+        raise ValueError(f"{path}: not a readable JSON report: {err}") from err
 
 
 def parse_providers(spec: str) -> list[Provider]:

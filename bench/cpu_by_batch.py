@@ -83,7 +83,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _common import read_report_text, thread_kind
+from _common import read_report, thread_kind
 from _delta import maven_mirror
 from w5 import runs_by_round
 
@@ -551,9 +551,10 @@ def run_batches(
     round ``in_round`` (W5's ``--repeat``, counted from 1); with ``restarts``, its fresh-process
     restart batches instead (W1), each recorded by the JVM that restarted."""
     try:
-        runs = runs_by_round(json.loads(read_report_text(report)))
-    except (OSError, json.JSONDecodeError) as err:
-        raise SystemExit(f"{report}: not a readable JSON report: {err}") from err
+        loaded = read_report(report)
+    except ValueError as err:
+        raise SystemExit(str(err)) from err
+    runs = runs_by_round(loaded)
     if run not in runs:
         raise SystemExit(
             f"{report} has no run '{run}' with batches; it has: {', '.join(sorted(runs)) or 'none'}"

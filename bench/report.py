@@ -23,7 +23,6 @@ the machine that just measured.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import textwrap
@@ -38,7 +37,7 @@ from _common import (
     RESULTS_DIR,
     fmt_ms,
     fmt_ms_fine,
-    read_report_text,
+    read_report,
     slowest_batch_detail,
 )
 
@@ -117,9 +116,9 @@ W5_COLUMNS: list[tuple[str, str, Fmt]] = [
 
 def load(path: Path) -> dict[str, Any]:
     try:
-        report = json.loads(read_report_text(path))
-    except (OSError, json.JSONDecodeError) as err:
-        raise SystemExit(f"{path}: not a readable JSON report: {err}") from err
+        report = read_report(path)
+    except ValueError as err:
+        raise SystemExit(str(err)) from err
     if not isinstance(report, dict) or "benchmark" not in report:
         raise SystemExit(f"{path}: not a benchmark report (no 'benchmark' field)")
     return report
@@ -133,8 +132,8 @@ def newest(results_dir: Path, benchmark: str, size: str) -> Path | None:
     paths += results_dir.glob(f"{benchmark.lower()}-*.json.gz")
     for path in paths:
         try:
-            report = json.loads(read_report_text(path))
-        except (OSError, json.JSONDecodeError):
+            report = read_report(path)
+        except ValueError:
             continue  # a report still being written, or not one
         if report.get("benchmark") == benchmark and report.get("size") == size:
             found.append((str(report.get("timestamp", "")), path))

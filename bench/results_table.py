@@ -61,7 +61,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from _common import read_report_text
+from _common import read_report
 from w5 import runs_by_round
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -263,11 +263,9 @@ def rows_from_report(report: Mapping[str, Any], source: Path) -> list[Row]:
 
 
 def load_report(path: Path) -> dict[str, Any]:
-    """Parse one JSON report, naming the file when it is not one."""
-    try:
-        report = json.loads(read_report_text(path))
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path}: not a readable JSON report: {err}") from err
+    """Parse one JSON report, naming the file when it is not one (``ValueError``, from
+    ``read_report``)."""
+    report = read_report(path)
     if not isinstance(report, dict):
         raise TypeError(f"{path}: not a JSON object")
     return report

@@ -122,6 +122,28 @@ class CorruptionSuite extends AnyFunSuite {
     }
   }
 
+  test("cleanup does not count an oldest snapshot found damaged as where the journals rebuild from") {
+    val root = checkpoint()
+    val raf = new RandomAccessFile(new File(storeDir(root), "5.hs-snapshot"), "rw")
+    try raf.setLength(10)
+    finally raf.close() // refused when opened: not even a header
+    // Retaining 100 versions, snapshot 10 is the only start for versions 10 to 14 once 5 is
+    // known to be damaged.
+    val p = provider(root, Interval, minVersionsToRetain = 100)
+    val e = intercept[StateFileException](p.getReadStore(7, None))
+    assert(e.getMessage.contains("5.hs-snapshot"), e.getMessage)
+    for (v <- Versions + 1 to 16) {
+      val s = p.getStore(v - 1L, None, false, false)
+      put(s, v, v * 100L + v); put(s, v + 1000L, v)
+      if (v % 3 == 0) remove(s, v / 3)
+      s.commit()
+      p.doMaintenance()
+    }
+    p.close()
+    assert(files(root).contains("10.hs-snapshot") && files(root).contains("15.hs-snapshot"), files(root))
+    for (v <- 10 to 16) assert(load(root, v) == model(v), s"version $v")
+  }
+
   test("a damaged journal below the newest snapshot is not needed; with that snapshot gone it is named") {
     val root = checkpoint()
     FlipBits(new File(storeDir(root), "7.hs-journal"), 0)

@@ -235,6 +235,72 @@ class HeapStateStoreProviderSuite extends AnyFunSuite {
     assert(e.getMessage.contains("11.hs-journal") || e.getMessage.contains("version 1"), e.getMessage)
   }
 
+  test("with minBatchesToRetain 1, cleanup keeps what a re-run of the last batch starts from") {
+    val root = tempDir()
+    val every4 = Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "4")
+    val p = provider(root, every4, minVersionsToRetain = 1)
+    val byVersion = commitModSeven(p, 12)(p.doMaintenance())
+    // The last maintenance wrote a snapshot of the live version, 12; cleanup took snapshot 8 as
+    // its base, not 12 (which would have left version 11, and 12 once its snapshot went, nothing).
+    assert(files(root) == Seq("10.hs-journal", "11.hs-journal", "12.hs-journal", "12.hs-snapshot",
+      "8.hs-snapshot", "9.hs-journal"))
+    p.close()
+    // The last batch runs again, on another executor: version 11, then a different version 12.
+    val again = provider(root, every4, minVersionsToRetain = 1)
+    val s = again.getStore(11, None, false, false)
+    assert(contents(s) == byVersion(11L))
+    put(s, 3, 300); assert(s.commit() == 12)
+    again.doMaintenance()
+    again.close()
+    assertRebuilt(root, Seq(12L), Map(12L -> (byVersion(11L) + (3L -> 300L))))
+  }
+
+  test("a commit that fails while changing the live table leaves none of it in memory") {
+    val root = tempDir()
+    val p = provider(root)
+    val byVersion = commitModSeven(p, 3)(())
+    val live = p.liveAt(3)
+    live.failAfterChanges = () => throw new IllegalStateException("injected failure")
+    val s = p.getStore(3, None, false, false)
+    put(s, 0, 999); put(s, 9, 90); remove(s, 1)
+    assert(intercept[IllegalStateException](s.commit()).getMessage == "injected failure")
+    s.abort()
+    live.failAfterChanges = null
+    // The retry (as a task retried on this executor asks) gets version 3 as committed, rebuilt
+    // from files, and its commit of version 4 replaces the failed one's journal.
+    val retry = p.getStore(3, None, false, false)
+    assert(contents(retry) == byVersion(3L))
+    put(retry, 5, 50); assert(retry.commit() == 4)
+    assert(contents(p.getReadStore(4, None)) == byVersion(3L) + (5L -> 50L))
+    p.close()
+    assertRebuilt(root, Seq(3L, 4L), Map(3L -> byVersion(3L), 4L -> (byVersion(3L) + (5L -> 50L))))
+  }
+
+  test("loadEmpty and column families are refused, naming the state store") {
+    val root = tempDir()
+    val p = provider(root)
+    val s = p.getStore(0, None, false, false); put(s, 1, 10); s.commit()
+    val e = intercept[UnsupportedOperationException](p.getStore(1, None, false, true))
+    val named = Seq("loadEmpty", "version 1", "partitionId=0")
+    assert(named.forall(e.getMessage.contains), e.getMessage)
+    assert(contents(p.getStore(1, None, false, false)) == Map(1L -> 10L))
+    val cf = new HeapStateStoreProvider
+    val e2 = intercept[UnsupportedOperationException] {
+      cf.init(
+        org.apache.spark.sql.execution.streaming.state.StateStoreId(root, 0, 1),
+        keySchema,
+        valueSchema,
+        org.apache.spark.sql.execution.streaming.state.NoPrefixKeyStateEncoderSpec(keySchema),
+        true,
+        storeConf(),
+        new org.apache.hadoop.conf.Configuration(),
+        false,
+        None
+      )
+    }
+    assert(e2.getMessage.contains("column families") && e2.getMessage.contains("partitionId=1"), e2.getMessage)
+  }
+
   test("cleanup deletes the snapshots between the retained base and the newest one below the live version") {
     val root = tempDir()
     val p = provider(root, Map("spark.sql.streaming.stateStore.heapstate.compactionInterval" -> "3"),

@@ -32,7 +32,7 @@ class RandomizedModelSuite extends AnyFunSuite {
       p
     }
     val root = tempDir()
-    val minRetain = 2 + rng.nextInt(6)
+    val minRetain = 1 + rng.nextInt(7)
     val confs = Map(
       "spark.sql.streaming.stateStore.heapstate.compactionInterval" -> (1 + rng.nextInt(5)).toString,
       "spark.sql.streaming.stateStore.heapstate.undoVersions" -> rng.nextInt(4).toString,
@@ -90,7 +90,8 @@ class RandomizedModelSuite extends AnyFunSuite {
           committed.keys.filter(_ >= version).foreach(committed.remove)
           committed(version) = working
           latest = version
-          floor = math.max(floor, latest - minRetain + 1)
+          // The newest minRetain versions, and the one before the live one whatever minRetain is.
+          floor = math.max(floor, math.min(latest - minRetain + 1, latest - 1))
           committed.keys.filter(_ < floor).foreach(committed.remove)
           open(version); "commit"
         } else if (roll < 78) {

@@ -65,6 +65,11 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       useMultipleValuesPerKey: Boolean,
       stateSchemaProvider: Option[StateSchemaProvider]): Unit = {
     val conf = HeapStateConf(storeConfs.sqlConfs ++ storeConfs.extraOptions)
+    if (useColumnFamilies) {
+      throw new UnsupportedOperationException(s"heapstate does not support column families (state " +
+        s"store $stateStoreId): transformWithState and the newer stream-stream join state formats use " +
+        "them, which Spark runs on RocksDB only (HDFSBackedStateStoreProvider refuses them too)")
+    }
     if (useMultipleValuesPerKey) {
       throw new UnsupportedOperationException(s"heapstate does not support multiple values per " +
         s"key (state store $stateStoreId); that is transformWithState's, which Spark runs on RocksDB only")
@@ -141,8 +146,14 @@ class HeapStateStoreProvider extends StateStoreProvider with SupportsFineGrained
       forceSnapshotOnCommit: Boolean,
       loadEmpty: Boolean): StateStore = {
     requireVersion(version); uniqueId.foreach(requireId)
-    new HeapStore(version, uniqueId, engine.ensureAt(version, uniqueId, loadEmpty), readOnly = false,
-      forceSnapshotOnCommit)
+    if (loadEmpty) {
+      // A journal records changes, not where they started from: a version begun empty would be
+      // rebuilt on top of the files below it. HDFSBackedStateStoreProvider refuses this as well.
+      throw new UnsupportedOperationException(s"heapstate does not support loadEmpty (state store " +
+        s"$storeId, version $version), which Spark's offline state repartitioning asks for; it " +
+        "runs on RocksDB only")
+    }
+    new HeapStore(version, uniqueId, engine.ensureAt(version, uniqueId), readOnly = false, forceSnapshotOnCommit)
   }
 
   override def getReadStore(version: Long, uniqueId: Option[String]): ReadStateStore = {

@@ -354,6 +354,12 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
   }
 
   /**
+   * Tests: run by [[applyCommit]] once the table holds the commit's changes, before the version
+   * moves; one that throws stands for a commit failing half way (out of memory, say).
+   */
+  private[heapstate] var failAfterChanges: () => Unit = null
+
+  /**
    * Commits what [[prepareCommit]] prepared: publish the undo entry, then change the map.
    * `keepUndoAbove`: undo entries at or below this version may be dropped afterwards.
    *
@@ -402,6 +408,7 @@ final class LiveState(val prefixOf: Option[Array[Byte] => Key], initialVersion: 
     else if (inPlace) writtenInPlace += applyInPlace(prepared)
     else applyAppending(prepared)
     if (pending != null) pendingKeys += prepared.keyDelta
+    if (failAfterChanges != null) failAfterChanges()
     version = newVersion
     dropUndoUpTo(keepUndoAbove)
     // Updates appended while a snapshot was written go back where their old entries were.

@@ -442,16 +442,9 @@ final class StateEngine(
    * Makes the live state hold `version` (with checkpoint id `id`, when given), stepping back or
    * reloading as needed.
    */
-  def ensureAt(version: Long, id: Option[String] = None, loadEmpty: Boolean = false): LiveState = synchronized {
+  def ensureAt(version: Long, id: Option[String] = None): LiveState = synchronized {
     val st = state
-    if (loadEmpty) {
-      withSnapshotLock {
-        forgetReuse()
-        state = new LiveState(prefixOf, version); newestSnapshot = 0; forgetUncleanedAbove(-1)
-        lineageIds.clear(); id.foreach(i => lineageIds.put(version, i))
-      }
-      state
-    } else if (st != null && st.version == version && idMatches(version, id)) {
+    if (st != null && st.version == version && idMatches(version, id)) {
       st
     } else if (st != null && st.canRollBackTo(version) && idMatches(version, id)) {
       withSnapshotLock {
@@ -542,7 +535,9 @@ final class StateEngine(
     // LiveState.applyCommit). A snapshot's writer reads the table's bytes until it ends.
     val inProgress = snapshotInProgress
     markTouched(prepared) // before the table changes: a commit that fails half way has touched them too
-    st.applyCommit(prepared, if (inProgress >= 0) math.min(byDepth, inProgress) else byDepth, inPlace = inProgress < 0)
+    val keepUndoAbove = if (inProgress >= 0) math.min(byDepth, inProgress) else byDepth
+    try st.applyCommit(prepared, keepUndoAbove, inPlace = inProgress < 0)
+    catch { case t: Throwable => dropAfterFailedCommit(newVersion, t) }
     newId.foreach(i => lineageIds.put(newVersion, i))
     // A state still loading its snapshot's buckets loads a share after each commit, except in the
     // batch that rebuilt it from files: that one leaves the cores to the partitions still loading.
@@ -551,6 +546,22 @@ final class StateEngine(
     lineageIds.headMap(byDepth - 1, false).clear()
     val bulkLoad = fromEmpty && settings.bulkLoadSnapshotBytes > 0 && st.recordBytes >= settings.bulkLoadSnapshotBytes
     CommitResult(newVersion, bytes, changes.size, changes.operations - changes.size, newId, liveBaseId, bulkLoad)
+  }
+
+  /**
+   * After a commit failed while changing the live table (out of memory, say): the table may hold
+   * part of it under the base version's number, which a retry (getStore of the base version)
+   * would be handed as it is. The live state is dropped instead: the next request rebuilds it from
+   * files, and the journal already written makes a retry's commit a re-run.
+   */
+  private def dropAfterFailedCommit(version: Long, failure: Throwable): Nothing = {
+    withSnapshotLock { forgetReuse(); forgetUncleanedAbove(-1); state = null; lineageIds.clear() }
+    log.error(
+      s"Commit of version $version of ${files.dir} failed while changing the live state; the " +
+        "state is dropped, and the next request rebuilds it from files",
+      failure
+    )
+    throw failure
   }
 
   /** Counts the buckets of the keys `prepared` changes as touched, in the base's account and the one being begun. */
@@ -770,7 +781,8 @@ final class StateEngine(
 
   /**
    * Deletes files that no retained version needs. The newest `minVersionsToRetain` versions up to
-   * the live one stay recoverable: the newest snapshot of the live lineage at or below the oldest
+   * the live one (and at least the one before it, which a re-run of the last batch starts from)
+   * stay recoverable: the newest snapshot of the live lineage at or below the oldest
    * of them (the base) is kept, with every journal above it; everything older goes. In format v2,
    * files of abandoned attempts above that snapshot wait until they fall below a later one.
    *
@@ -800,8 +812,10 @@ final class StateEngine(
     val all = files.list()
     if (all.isEmpty) return Nil
     // Count from the live version, not the highest file: after a re-run, higher files belong to
-    // an abandoned lineage and must not push the retained window past versions still needed.
-    val oldestRetained = latest - settings.minVersionsToRetain + 1
+    // an abandoned lineage and must not push the retained window past versions still needed. The
+    // version before the live one stays whatever minBatchesToRetain says (1 included): a re-run of
+    // the last batch starts from it (HDFS's provider keeps one version more than asked).
+    val oldestRetained = math.min(latest - settings.minVersionsToRetain + 1, latest - 1)
     val walk = Lineage.walk(all, latest, liveId)
     // Neither the base nor the restart's start is ever a snapshot a rebuild found damaged: with it
     // as the base, the files below it would go, the older snapshot the rebuild used in its place
@@ -810,8 +824,9 @@ final class StateEngine(
     val base = trusted.filter(_.version <= oldestRetained).map(_.version).maxOption
     val below = base.toSeq.flatMap(b => all.filter(f => f.version < b || (f.kind == Journal && f.version == b)))
     // The oldest version the lineage's files rebuild from: the base, the empty version 0 when the
-    // journals reach it, or else the snapshot where the journals stop.
-    val floor = base.orElse(if (walk.reachedZero) Some(0L) else walk.snapshots.map(_.version).minOption)
+    // journals reach it, or else the oldest snapshot not found damaged where the journals stop (a
+    // damaged one rebuilds nothing, and the snapshots above it would be thinned as if it did).
+    val floor = base.orElse(if (walk.reachedZero) Some(0L) else trusted.map(_.version).minOption)
     val restartFrom = trusted.filter(_.version < latest).map(_.version).maxOption
     val between = (floor, restartFrom) match {
       case (Some(f), Some(r)) if !all.exists(_.version > latest) =>
